@@ -1,0 +1,472 @@
+"""Our own decoder-only transformer for the Qwen2 (DeepSeek-R1-Distill-Qwen), Qwen3 and Llama-3 families.
+
+One small module that owns the network and nothing else: the forward pass (token ids *or* input
+embeddings, since the N-GRPO sampler feeds mixtures of embedding rows), a static KV cache that the
+sampler preallocates for prompt + max_new_tokens, and loading / saving in the Hugging Face layout
+(config.json + one or many *.safetensors) so checkpoints go both ways with `transformers`.
+
+Module names equal the Hugging Face parameter names without their `model.` prefix, so a checkpoint
+maps onto this module key for key:
+
+    model = load_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", device="cuda")
+    logits = model(input_ids)                                   # [B, T, V], same numbers as transformers
+    cache = model.new_cache(batch_size=B, max_len=P + max_new_tokens)
+    logits = model(prompt_ids, attention_mask=key_mask[:, :P], cache=cache, cache_pos=0)   # prefill
+    logits = model(inputs_embeds=e, attention_mask=key_mask, cache=cache, cache_pos=P)     # one step
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# model_type in config.json -> the architecture name transformers writes next to it.
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+@dataclass
+class ModelConfig:
+    """The architecture, in our names. `from_hf` / `to_hf` translate to and from config.json."""
+
+    family: str  # "qwen2" | "qwen3" | "llama"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # the llama3 frequency remapping, or None for plain RoPE
+    qkv_bias: bool = False  # Qwen2: q/k/v projections carry a bias
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
+    tie_word_embeddings: bool = False  # the output projection reuses the input embedding matrix
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> ModelConfig:
+        """Reads a config.json dict as written by transformers 4.x (`rope_theta`, `rope_scaling`) or 5.x
+        (`rope_parameters`)."""
+        family = hf.get("model_type")
+        if family not in ARCHITECTURES:
+            named = ", ".join(hf.get("architectures") or []) or f"model_type={family!r}"
+            supported = ", ".join(f"{arch} ({mt})" for mt, arch in ARCHITECTURES.items())
+            raise ValueError(f"unsupported architecture {named}; supported: {supported}")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: only silu is implemented")
+        if hf.get("use_sliding_window"):
+            raise ValueError("use_sliding_window=true is not implemented (no R1-Distill model uses it)")
+        rope = dict(hf.get("rope_scaling") or {})
+        rope.update(hf.get("rope_parameters") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, llama3")
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not implemented")
+        num_heads = hf["num_attention_heads"]
+        attention_bias = hf.get("attention_bias", False)
+        return cls(
+            family=family,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rope_scaling=None if rope_type == "default" else {
+                key: rope[key] for key in
+                ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")},
+            qkv_bias=True if family == "qwen2" else attention_bias,  # Qwen2 has no flag: always biased
+            o_bias=False if family == "qwen2" else attention_bias,
+            mlp_bias=hf.get("mlp_bias", False),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=hf.get("tie_word_embeddings", family != "qwen2"),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+            initializer_range=hf.get("initializer_range", 0.02),
+        )
+
+    def to_hf(self) -> dict:
+        """A config.json dict in the transformers 4.x spelling, which transformers 5.x also reads."""
+        hf = {
+            "architectures": [ARCHITECTURES[self.family]],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None if self.rope_scaling is None else {"rope_type": "llama3", **self.rope_scaling},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "initializer_range": self.initializer_range,
+            "use_sliding_window": False,
+        }
+        if self.family != "qwen2":
+            hf["attention_bias"] = self.qkv_bias
+        if self.family == "llama":
+            hf["mlp_bias"] = self.mlp_bias
+        return hf
+
+
+# The `tiny` preset: an R1-Distill-shaped Qwen2 (q/k/v bias, untied embeddings) small enough that every
+# code path runs in seconds on a CPU. 320 rows cover data.py's built-in tokenizer (256 bytes + specials).
+TINY_CONFIG = ModelConfig(
+    family="qwen2", vocab_size=320, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=4096,
+)
+
+
+def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
+    """Rotation frequency of each pair of head dimensions, in fp32: [head_dim // 2].
+
+    Computed from the config on every forward instead of kept as a buffer, so casting the model to
+    bf16 can never round the frequencies (a handful of tiny kernels next to a whole transformer)."""
+    exponent = torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float32) / cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** exponent)
+    if cfg.rope_scaling is None:
+        return inv_freq
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+    s = cfg.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, exactly as transformers does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention. q [B, H, T, D]; k, v [B, Hkv, S, D]; mask None (causal, T == S) or bool
+    [B, 1, T, S] (True = may attend). Returns [B, H, T, D]."""
+    B, H, T, D = q.shape
+    groups = H // k.shape[1]
+    if mask is not None and T == 1:
+        # One decode step: fold the query heads of each KV group into the query axis, so the cache is
+        # read as it is instead of copied `groups` times. Head h uses KV head h // groups, as in HF.
+        out = F.scaled_dot_product_attention(q.view(B, -1, groups, D), k, v, attn_mask=mask)
+        return out.view(B, H, 1, D)
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.to(q.dtype)[:, None], sin.to(q.dtype)[:, None]  # [B, 1, T, D]
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin  # [B, H, T, D]
+        k = k * cos + rotate_half(k) * sin  # [B, Hkv, T, D]
+        if kv is not None:
+            k_cache, v_cache = kv  # [B, Hkv, max_len, D]; attend to the first S slots the mask covers
+            k_cache.index_copy_(2, slots, k)
+            v_cache.index_copy_(2, slots, v)
+            k, v = k_cache[:, :, : mask.shape[-1]], v_cache[:, :, : mask.shape[-1]]
+        out = attend(q, k, v, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values for every layer: [num_layers, B, Hkv, max_len, D] each.
+
+    Slot s of a row holds the token written at cache position s; rows of a left-padded batch share slot
+    numbers, and the attention mask says which slots of each row are real."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.gradient_checkpointing = False  # recompute each block in backward instead of storing it
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The [V, d] matrix that maps hidden states to logits (the input embedding when tied)."""
+        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def new_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
+        weight = self.embed_tokens.weight
+        shape = (self.cfg.num_layers, batch_size, self.cfg.num_kv_heads, max_len, self.cfg.head_dim)
+        dtype, device = dtype or weight.dtype, device or weight.device
+        return KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def forward(self, input_ids=None, **kwargs) -> torch.Tensor:
+        """Logits [B, T, V] for the T input positions. Arguments as in `forward_hidden`."""
+        return F.linear(self.forward_hidden(input_ids, **kwargs), self.output_weight)
+
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        cache_pos: int | torch.Tensor = 0,
+    ) -> torch.Tensor:
+        """Final-norm hidden states [B, T, d], for callers that project to the vocabulary in chunks.
+
+        input_ids [B, T] or inputs_embeds [B, T, d] (exactly one).
+        attention_mask [B, S] (1 = real token): over the T inputs without a cache; with a cache over the
+            cache slots 0..S-1, and the step attends to exactly those S slots (pass S = max_len to keep
+            shapes fixed, e.g. for a CUDA graph). None: every position is real.
+        positions [B, T]: RoPE positions. Default: count of real tokens before each one (left padding).
+        cache, cache_pos: write the T inputs into slots cache_pos..cache_pos+T-1 and attend over the cache.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, d]
+        B, T, _ = x.shape
+        device = x.device
+        slots = cache_pos + torch.arange(T, device=device)  # [T] cache slot (or sequence index) of each input
+        mask = None  # None = plain causal over the T inputs: the fast path for full-sequence training
+        if cache is not None or attention_mask is not None:
+            if attention_mask is None:
+                S = cache_pos + T if isinstance(cache_pos, int) else cache.max_len
+                attention_mask = torch.ones(B, S, dtype=torch.bool, device=device)
+            key_slots = torch.arange(attention_mask.shape[1], device=device)
+            causal = key_slots[None, :] <= slots[:, None]  # [T, S]
+            mask = causal & attention_mask.bool()[:, None, :]  # [B, T, S]
+            # A padding query sees no real key; letting it see itself keeps its row finite (it is unused).
+            mask = (mask | (key_slots[None, :] == slots[:, None]))[:, None]  # [B, 1, T, S]
+        if positions is None:
+            if attention_mask is None:
+                positions = slots.expand(B, T)
+            else:
+                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, slots]
+        freqs = positions[..., None].float() * rope_inv_freq(self.cfg, device)  # [B, T, D/2]
+        freqs = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = freqs.cos(), freqs.sin()
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, mask, kv, slots, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask, kv, slots)
+        return self.norm(x)
+
+
+# ----------------------------------------------------------------------------- initialisation, I/O
+
+
+def init_weights(model: Transformer, seed: int = 0) -> Transformer:
+    """Random weights as transformers initialises them: N(0, initializer_range) matrices, zero biases,
+    unit norms. Drawn from a seeded generator on the model's device, so it is reproducible."""
+    device = model.embed_tokens.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, model.cfg.initializer_range, generator=generator)
+    return model
+
+
+def random_model(cfg: ModelConfig | str | Path, *, dtype=torch.float32, device="cpu", seed: int = 0) -> Transformer:
+    """A randomly initialised model of a given architecture (a ModelConfig or a config.json path):
+    for tests and benchmarks at the real shapes without the real weights."""
+    if not isinstance(cfg, ModelConfig):
+        cfg = ModelConfig.from_hf(json.loads(Path(cfg).read_text()))
+    with torch.device(device):
+        model = Transformer(cfg).to(dtype)
+    return init_weights(model, seed)
+
+
+def resolve_checkpoint(name_or_path: str) -> Path:
+    """A local directory as it is; anything else is a hub id, downloaded (or found in the HF cache)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or name_or_path.count("/") != 1:
+        raise FileNotFoundError(f"{name_or_path!r} is neither a checkpoint directory nor a hub id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer*"]
+    return Path(snapshot_download(name_or_path, allow_patterns=patterns))
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (path / "model.safetensors").exists():
+        return [path / "model.safetensors"]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path} (pytorch_model.bin checkpoints are not supported)")
+    return files
+
+
+def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda") -> Transformer:
+    """Load a Hugging Face checkpoint (local directory or hub id) into our Transformer.
+
+    The module is built on the meta device and the safetensors tensors are read straight onto `device`
+    and assigned, so the weights are never materialised twice. `"tiny"` gives the random tiny preset."""
+    if name_or_path == "tiny":
+        return random_model(TINY_CONFIG, dtype=dtype, device=device)
+    from safetensors import safe_open
+
+    path = resolve_checkpoint(name_or_path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} has no config.json")
+    hf_config = json.loads((path / "config.json").read_text())
+    cfg = ModelConfig.from_hf(hf_config)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    expected = model.state_dict().keys()
+    state = {}
+    for file in _checkpoint_files(path):
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for hf_key in f.keys():
+                key = hf_key.removeprefix("model.")
+                if key in expected:  # skips e.g. a tied lm_head copy or an old rotary_emb.inv_freq
+                    state[key] = f.get_tensor(hf_key).to(dtype)
+    missing = sorted(set(expected) - state.keys())
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {missing[:3]}")
+    model.load_state_dict(state, assign=True)
+    model.hf_config = hf_config
+    return model
+
+
+def save_model(model: Transformer, out_dir, tokenizer=None, *, max_shard_bytes: int = 5 * 2**30, dtype=None):
+    """Write `model` in the Hugging Face layout that `transformers.AutoModelForCausalLM` loads: config.json
+    and model.safetensors, or numbered shards plus model.safetensors.index.json when the weights exceed
+    `max_shard_bytes`; and the tokenizer's files when one is given. Tensors keep the model's dtype
+    unless `dtype` says otherwise."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, tensor in model.state_dict().items():
+        tensor = tensor.detach().to(dtype or tensor.dtype).contiguous().cpu()
+        state[key if key.startswith("lm_head.") else "model." + key] = tensor
+    shards, size = [{}], 0
+    for key, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, name))
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    hf_config = dict(getattr(model, "hf_config", None) or model.cfg.to_hf())
+    dtype_key = "dtype" if "dtype" in hf_config else "torch_dtype"  # transformers 5.x / 4.x spelling
+    hf_config[dtype_key] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))

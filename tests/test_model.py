@@ -1,0 +1,319 @@
+"""model.py against transformers' own implementation: same weights, same fp32 logits.
+
+transformers is the oracle throughout: its models are built from random-weight configs of each family,
+saved with `save_pretrained`, loaded with our `load_model`, and compared logit for logit."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+import model as M
+
+TOL = 1e-4
+COMMON = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=4096, rms_norm_eps=1e-6)
+
+
+def hf_config(family: str):
+    if family == "qwen2":  # R1-Distill: q/k/v bias, untied embeddings, grouped KV heads
+        return Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0)
+    if family == "qwen3":  # q/k RMSNorm, head_dim not hidden/heads, tied embeddings
+        return Qwen3Config(**COMMON, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
+                           attention_bias=False, rope_theta=1e6)
+    # Llama-3: llama3 RoPE scaling; a short original context puts frequencies in every band of the remap.
+    # (Legacy rope_theta / rope_scaling keywords: transformers 4.x and 5.x both take them.)
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    return LlamaConfig(**COMMON, num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500000.0,
+                       rope_scaling=rope)
+
+
+FAMILIES = ["qwen2", "qwen3", "llama"]
+
+
+def make_hf_model(family: str, seed: int = 0):
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(hf_config(family), attn_implementation="eager").eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a mixed-up or missing one shows
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("norm.weight") else 0.0))
+    return hf
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request, tmp_path_factory):
+    """(transformers model, our model loaded from its save_pretrained directory, directory)."""
+    family = request.param
+    hf = make_hf_model(family)
+    path = tmp_path_factory.mktemp(family)
+    # qwen2 is saved in several shards with an index; the others as one file.
+    hf.save_pretrained(path, max_shard_size="40KB" if family == "qwen2" else "5GB")
+    ours = M.load_model(str(path), dtype=torch.float32, device="cpu").eval()
+    return hf, ours, path
+
+
+def left_padded_batch(lengths, vocab, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.zeros(len(lengths), T, dtype=torch.long)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, T - n:] = torch.randint(0, vocab, (n,), generator=g)
+        mask[row, T - n:] = 1
+    return ids, mask
+
+
+def hf_positions(mask):
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def test_sharded_checkpoint_was_written(pair):
+    hf, _, path = pair
+    if hf.config.model_type == "qwen2":
+        assert (path / "model.safetensors.index.json").exists()
+        assert len(list(path.glob("model-*.safetensors"))) > 1
+
+
+@torch.no_grad()
+def test_logits_match_transformers(pair):
+    hf, ours, _ = pair
+    ids = torch.randint(0, 101, (2, 17), generator=torch.Generator().manual_seed(0))
+    expected = hf(ids).logits
+    actual = ours(ids)
+    assert actual.shape == expected.shape == (2, 17, 101)
+    assert (actual - expected).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_left_padded_batch_matches_transformers(pair):
+    hf, ours, _ = pair
+    ids, mask = left_padded_batch([5, 12, 1, 9], vocab=101)
+    expected = hf(ids, attention_mask=mask, position_ids=hf_positions(mask)).logits
+    actual = ours(ids, attention_mask=mask)  # positions derived from the mask
+    real = mask.bool()
+    assert (actual[real] - expected[real]).abs().max() < TOL
+    assert torch.isfinite(actual).all()
+    # Each row also equals that row run alone, unpadded.
+    for row in range(ids.shape[0]):
+        alone = hf(ids[row][real[row]][None]).logits[0]
+        assert (actual[row][real[row]] - alone).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_explicit_positions_and_embeddings_match_transformers(pair):
+    hf, ours, _ = pair
+    g = torch.Generator().manual_seed(3)
+    embeds = torch.randn(2, 8, 64, generator=g) * 0.05
+    positions = torch.arange(8).expand(2, 8) + torch.tensor([[1000], [3000]])  # beyond the llama3 original context
+    expected = hf(inputs_embeds=embeds, position_ids=positions).logits
+    actual = ours(inputs_embeds=embeds, positions=positions)
+    assert (actual - expected).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_forward_hidden_projects_to_the_logits(pair):
+    hf, ours, _ = pair
+    ids = torch.randint(0, 101, (1, 6), generator=torch.Generator().manual_seed(4))
+    hidden = hf(ids, output_hidden_states=True).hidden_states[-1]  # transformers' last entry is post-norm
+    assert (ours.forward_hidden(ids) - hidden).abs().max() < TOL
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("feed", ["ids", "embeds"])
+def test_kv_cache_decode_matches_full_forward(pair, feed):
+    """Prefill a left-padded batch once, then decode one position at a time through the static cache."""
+    hf, ours, _ = pair
+    prompt_ids, prompt_mask = left_padded_batch([4, 7, 2], vocab=101, seed=5)
+    B, P = prompt_ids.shape
+    steps = 6
+    g = torch.Generator().manual_seed(6)
+    new_ids = torch.randint(0, 101, (B, steps), generator=g)
+    # The embeddings variant feeds mixtures of embedding rows, as the N-GRPO sampler does.
+    weights = torch.softmax(torch.randn(B, steps, 3, generator=g), -1)
+    cand = torch.randint(0, 101, (B, steps, 3), generator=g)
+    new_embeds = (weights[..., None] * hf.get_input_embeddings().weight[cand]).sum(-2)  # [B, steps, d]
+
+    mask = torch.cat([prompt_mask, torch.ones(B, steps, dtype=torch.long)], 1)
+    prompt_embeds = hf.get_input_embeddings()(prompt_ids)
+    full_embeds = torch.cat([prompt_embeds, new_embeds if feed == "embeds" else hf.get_input_embeddings()(new_ids)], 1)
+    expected = hf(inputs_embeds=full_embeds, attention_mask=mask, position_ids=hf_positions(mask)).logits
+
+    cache = ours.new_cache(B, P + steps + 3)  # longer than needed: unused slots must not matter
+    logits = ours(prompt_ids, attention_mask=prompt_mask, cache=cache, cache_pos=0)
+    real = prompt_mask.bool()
+    assert (logits[real] - expected[:, :P][real]).abs().max() < TOL
+    for t in range(steps):
+        step_mask = mask[:, : P + t + 1]
+        if feed == "ids":
+            logits = ours(new_ids[:, t : t + 1], attention_mask=step_mask, cache=cache, cache_pos=P + t)
+        else:
+            logits = ours(inputs_embeds=new_embeds[:, t : t + 1], attention_mask=step_mask, cache=cache, cache_pos=P + t)
+        assert (logits[:, 0] - expected[:, P + t]).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_fixed_shape_decode_step_matches_full_forward(pair):
+    """The CUDA-graph form of a step: the mask spans the whole cache and the slot is a tensor."""
+    hf, ours, _ = pair
+    ids, mask = left_padded_batch([3, 6], vocab=101, seed=7)
+    B, T = ids.shape
+    expected = hf(ids, attention_mask=mask, position_ids=hf_positions(mask)).logits
+    max_len = T + 4
+    cache = ours.new_cache(B, max_len)
+    key_mask = torch.zeros(B, max_len, dtype=torch.long)
+    for t in range(T):
+        key_mask[:, t] = mask[:, t]
+        positions = (key_mask.cumsum(-1) - 1).clamp(min=0)[:, t : t + 1]
+        logits = ours(ids[:, t : t + 1], positions=positions, attention_mask=key_mask, cache=cache,
+                      cache_pos=torch.tensor(t))
+        real = mask[:, t].bool()
+        assert (logits[real, 0] - expected[real, t]).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_other_transformers_config_spelling_loads_the_same(pair, tmp_path):
+    """config.json in the other major version's spelling (4.x: rope_theta / rope_scaling; 5.x: rope_parameters)
+    gives the same model."""
+    hf, ours, path = pair
+    config = json.loads((path / "config.json").read_text())
+    if "rope_parameters" in config:  # written by transformers 5.x: rewrite as 4.x would
+        rope = config.pop("rope_parameters")
+        config["rope_theta"] = rope.pop("rope_theta")
+        config["rope_scaling"] = rope if rope["rope_type"] != "default" else None
+    else:  # written by 4.x: rewrite as 5.x would
+        config["rope_parameters"] = {"rope_type": "default", **(config.pop("rope_scaling") or {}),
+                                     "rope_theta": config.pop("rope_theta")}
+    for file in path.iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    again = M.load_model(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert again.cfg == ours.cfg
+    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(8))
+    assert (again(ids) - hf(ids).logits).abs().max() < TOL
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("max_shard_bytes", [5 * 2**30, 30_000])
+def test_save_model_loads_in_transformers(pair, tmp_path, max_shard_bytes):
+    hf, ours, _ = pair
+    M.save_model(ours, tmp_path, max_shard_bytes=max_shard_bytes)
+    if max_shard_bytes < 2**20:
+        assert (tmp_path / "model.safetensors.index.json").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert reloaded.config.model_type == hf.config.model_type
+    ids = torch.randint(0, 101, (2, 11), generator=torch.Generator().manual_seed(9))
+    assert (reloaded(ids).logits - hf(ids).logits).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_tiny_preset_round_trips_through_transformers(tmp_path):
+    ours = M.load_model("tiny", dtype=torch.float32, device="cpu")
+    assert ours.cfg.family == "qwen2" and ours.cfg.hidden_size == 64 and ours.cfg.num_layers == 2
+    M.save_model(ours, tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, ours.cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(10))
+    assert (reloaded(ids).logits - ours(ids)).abs().max() < TOL
+
+
+def test_tiny_preset_is_seeded():
+    a = M.load_model("tiny", dtype=torch.float32, device="cpu")
+    b = M.load_model("tiny", dtype=torch.float32, device="cpu")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_load_model_casts_to_the_requested_dtype(pair):
+    _, _, path = pair
+    model = M.load_model(str(path), dtype=torch.bfloat16, device="cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*Qwen2ForCausalLM.*Qwen3ForCausalLM.*LlamaForCausalLM"):
+        M.load_model(str(tmp_path), device="cpu")
+
+
+def test_missing_weights_are_named(pair, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _, _, path = pair
+    state = {}
+    for file in path.glob("*.safetensors"):
+        state.update(load_file(file))
+    state.pop("model.norm.weight")
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    with pytest.raises(ValueError, match="norm.weight"):
+        M.load_model(str(tmp_path), device="cpu")
+
+
+def test_hub_id_is_resolved_through_huggingface_hub(pair, monkeypatch):
+    import huggingface_hub
+
+    hf, _, path = pair
+    asked = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        asked.append(repo_id)
+        return str(path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    model = M.load_model("some-org/some-model", dtype=torch.float32, device="cpu")
+    assert asked == ["some-org/some-model"]
+    ids = torch.arange(7)[None]
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() < TOL
+
+
+def test_nonexistent_local_path_is_a_clear_error():
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint directory nor a hub id"):
+        M.load_model("./no/such/dir", device="cpu")
+
+
+REAL_CONFIGS = {
+    "DeepSeek-R1-Distill-Qwen-1.5B": "tokenizers/DeepSeek-R1-Distill-Qwen-1.5B/config.json",
+    "DeepSeek-R1-Distill-Qwen-7B": "configs/DeepSeek-R1-Distill-Qwen-7B/config.json",
+    "Llama-3.2-1B": "configs/Llama-3.2-1B/config.json",
+    "Qwen3-1.7B-Base": "configs/Qwen3-1.7B-Base/config.json",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_real_architectures_have_transformers_parameter_counts(shared_data, name):
+    path = shared_data / REAL_CONFIGS[name]
+    cfg = M.ModelConfig.from_hf(json.loads(path.read_text()))
+    with torch.device("meta"):
+        ours = M.Transformer(cfg)
+        theirs = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path.parent))
+    count = sum(p.numel() for p in ours.parameters())
+    assert count == sum(p.numel() for p in theirs.parameters())
+    if name == "DeepSeek-R1-Distill-Qwen-1.5B":
+        assert count == 1_777_088_000
+
+
+def test_rope_frequencies_match_transformers():
+    """Our llama3 remap against transformers' own rope initialisation function (no model in between)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = hf_config("llama")
+    config.head_dim = 64
+    cfg = M.ModelConfig.from_hf(config.to_dict())
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    assert torch.allclose(M.rope_inv_freq(cfg), expected.float(), rtol=1e-6, atol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    def grads(checkpointing: bool):
+        model = M.load_model("tiny", dtype=torch.float32, device="cpu").train()
+        model.gradient_checkpointing = checkpointing
+        ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(11))
+        model(ids).logsumexp(-1).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    for a, b in zip(grads(False), grads(True)):
+        assert torch.allclose(a, b, atol=1e-6)
+
