@@ -1,0 +1,204 @@
+"""Every hyperparameter of a run in one dataclass, the named presets, and the command-line flags made from it.
+
+Defaults are those of the paper's released code for DeepSeek-R1-Distill-Qwen-1.5B (preset `paper-1.5b`);
+DESIGN.md §3 says what each one does. A preset is a plain dict of overrides; explicit flags override the
+preset. Each flag is the field name with dashes (`mix_rate` -> `--mix-rate`) and its help is the field's.
+
+    cfg = parse_config(["--preset", "grpo-1.5b", "--lr", "2e-6"])
+    cfg.save_json("runs/x/config.json"); Config.load_json("runs/x/config.json") == cfg
+"""
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+
+def option(default, help: str, choices: tuple | None = None):
+    """A Config field with the help text (and allowed values) its command-line flag shows."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- model and data
+    model: str = option("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+                        "policy checkpoint: a local Hugging Face directory, a hub id, or 'tiny' (random, offline)")
+    tokenizer: str = option("", "tokenizer directory or hub id; empty = the one stored with --model")
+    data: str = option("agentica-org/DeepScaleR-Preview-Dataset",
+                       "training problems: a .jsonl/.json/.parquet file, a hub dataset id, or the built-in "
+                       "'arith' (options as arith:difficulty=2,n=2000)")
+    data_split: str = option("train", "split to read from a hub dataset")
+    max_prompt_tokens: int = option(4096, "prompts longer than this are dropped (and counted) when the data is loaded")
+    max_new_tokens: int = option(8192, "maximum response length in tokens; longer responses are truncated")
+
+    # --- rollouts
+    prompts_per_step: int = option(64, "prompts drawn per training step")
+    group_size: int = option(4, "responses sampled per prompt (G); advantages are normalised within each group")
+    temperature: float = option(1.0, "sampling temperature of training rollouts")
+    top_p: float = option(1.0, "nucleus sampling threshold of training rollouts (1 = off)")
+    top_k: int = option(0, "sample only from the k most likely tokens (0 = off)")
+
+    # --- exploration (DESIGN.md §3 steps 2-6 and the baselines)
+    explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
+                          "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures",
+                          ("none", "neighbor", "soft", "gaussian"))
+    mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
+                             "(per sequence, per step)")
+    num_neighbors: int = option(1, "semantic neighbors mixed with the greedy anchor token")
+    mix_weights: str = option("code", "weights over [anchor, neighbors]: code = softmax(p / temperature) as the "
+                              "released code does; renorm = p renormalised over the candidates (the paper's figure)",
+                              ("code", "renorm"))
+    neighbor_space: str = option("output", "matrix searched for neighbors: output = lm_head (released code), "
+                                 "input = the embedding matrix (mixing always uses the input embeddings)",
+                                 ("output", "input"))
+    neighbor_metric: str = option("cosine", "similarity that ranks neighbors", ("cosine", "dot", "l2", "l1"))
+    neighbor_refresh: int = option(0, "rebuild the neighbor table every N optimizer steps (0 = build once)")
+    stop_mixing_token: str = option("</think>", "mixing stops for good after a sequence samples this token "
+                                    "(empty = never stops)")
+    soft_top_k: int = option(10, "soft / gaussian: number of top tokens in the mixture (Soft Thinking's scripts use 10)")
+    mix_temperature: float = option(0.0, "soft / gaussian: mixture weights softmax(p / t) over the top tokens; "
+                                    "0 = the renormalised probabilities")
+    noise_sigma: float = option(0.33, "gaussian: noise std as a fraction of the mixture's RMS")
+    freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
+                                     "does in N-GRPO runs)")
+
+    # --- the GRPO / PPO update
+    loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio exp(mean(logp - old_logp))",
+                       ("grpo", "gspo"))
+    adv_scale: str = option("std", "divide group-centred rewards by the group's std (std) or not (none)",
+                            ("std", "none"))
+    adv_eps: float = option(1e-6, "added to the group std before dividing")
+    clip_low: float = option(0.2, "PPO clip: ratio floor is 1 - clip_low")
+    clip_high: float = option(0.2, "PPO clip: ratio ceiling is 1 + clip_high (raise it for clip-higher)")
+    dual_clip: float = option(3.0, "dual clip for negative advantages: the loss is at most -c * A (0 = off)")
+    kl_coef: float = option(0.01, "coefficient of the k3 KL to the reference model (0 = no reference model)")
+    old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded inputs; "
+                           "rollout = the sampler's own", ("replay", "rollout"))
+    ppo_epochs: int = option(1, "passes over each rollout batch")
+    mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)")
+    micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does not "
+                                   "change the gradient)")
+
+    # --- optimizer
+    lr: float = option(5e-7, "AdamW learning rate (constant)")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
+    grad_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
+
+    # --- the run
+    seed: int = option(0, "seed of data order, rollouts and initialisation")
+    max_steps: int = option(0, "training steps to run (0 = one pass over the data)")
+    out_dir: str = option("runs/ngrpo", "directory for config.json, metrics.jsonl, checkpoints and summary.json")
+    save_every: int = option(50, "write a checkpoint every N steps (0 = only at the end)")
+    keep_last: int = option(2, "checkpoints kept on disk (older ones are deleted)")
+    resume: bool = option(False, "continue exactly from the latest complete checkpoint in --out-dir")
+    log_completions_every: int = option(10, "print a few sample completions every N steps (0 = never)")
+
+    def __post_init__(self):
+        problems = []
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if choices and getattr(self, f.name) not in choices:
+                problems.append(f"{f.name} must be one of {', '.join(choices)}, not {getattr(self, f.name)!r}")
+        checks = [
+            (0.0 <= self.mix_rate <= 1.0, "mix_rate must be in [0, 1]"),
+            (self.num_neighbors >= 1, "num_neighbors must be at least 1"),
+            (self.group_size >= 1 and self.prompts_per_step >= 1, "group_size and prompts_per_step must be >= 1"),
+            (self.mini_batch_prompts >= 1 and self.prompts_per_step % self.mini_batch_prompts == 0,
+             f"mini_batch_prompts ({self.mini_batch_prompts}) must divide prompts_per_step ({self.prompts_per_step})"),
+            (self.micro_batch_size >= 1, "micro_batch_size must be at least 1"),
+            (self.temperature > 0, "temperature must be > 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k >= 0 and self.soft_top_k >= 1, "top_k must be >= 0 and soft_top_k >= 1"),
+            (self.clip_low >= 0 and self.clip_high >= 0, "clip_low and clip_high must be >= 0"),
+            (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip must be 0 (off) or > 1"),
+            (self.kl_coef >= 0 and self.lr > 0, "kl_coef must be >= 0 and lr > 0"),
+            (self.max_prompt_tokens >= 1 and self.max_new_tokens >= 1, "token limits must be >= 1"),
+        ]
+        problems += [message for ok, message in checks if not ok]
+        if problems:
+            raise ValueError("invalid config: " + "; ".join(problems))
+
+    def save_json(self, path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load_json(cls, path) -> "Config":
+        values = json.loads(Path(path).read_text())
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - known.keys())
+        if unknown:
+            raise ValueError(f"{path}: unknown config keys {unknown}")
+        # JSON writes 1e-6 and 0.0 faithfully but an integer-valued float may come back as an int.
+        return cls(**{k: float(v) if known[k].type is float else v for k, v in values.items()})
+
+
+_1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+_SMALL = dict(model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=256, max_new_tokens=48,
+              prompts_per_step=16, mini_batch_prompts=8, micro_batch_size=16, lr=1e-4, kl_coef=0.0,
+              save_every=0, log_completions_every=0)
+
+PRESETS: dict[str, dict] = {
+    # The released code's N-GRPO recipe for 1.5B: the dataclass defaults.
+    "paper-1.5b": dict(model=_1P5B),
+    # 7B: mix rate 0.15 with 2 neighbors (released code).
+    "paper-7b": dict(model="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", mix_rate=0.15, num_neighbors=2),
+    # The GRPO baseline: no mixing, lr 1e-6, KL 0.001.
+    "grpo-1.5b": dict(model=_1P5B, explore="none", lr=1e-6, kl_coef=0.001),
+    # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
+    "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4),
+    # The offline demo (a tiny model that visibly learns); the training issue tunes its schedule.
+    "demo": dict(_SMALL, out_dir="runs/demo", max_steps=40),
+}
+
+
+def preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return Config(**PRESETS[name])
+
+
+# First field of each section of --help -> the section's title.
+SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts", "explore": "exploration (DESIGN.md §3)",
+            "loss": "the GRPO update", "lr": "optimizer", "seed": "the run"}
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """`--preset`, `--config`, and one flag per Config field. Flags not given stay out of the namespace, so
+    parse_config can tell an explicit value from a default."""
+    presets = "\n".join(f"  {name}: {', '.join(f'{k}={v}' for k, v in overrides.items())}"
+                        for name, overrides in PRESETS.items())
+    parser = argparse.ArgumentParser(
+        description=description, usage="%(prog)s [--preset NAME | --config JSON] [--FLAG VALUE ...]",
+        epilog="presets (a flag given on the command line overrides its preset):\n" + presets,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=list(PRESETS),
+                        help="named starting point (default: paper-1.5b); flags given override it (see below)")
+    parser.add_argument("--config", metavar="JSON", help="start from a run's saved config.json instead of a preset")
+    group = parser
+    for f in fields(Config):
+        if f.name in SECTIONS:
+            group = parser.add_argument_group(SECTIONS[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
+        if f.type is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(flag, type=f.type, choices=f.metadata["choices"], default=argparse.SUPPRESS,
+                                metavar=f.name.upper() if not f.metadata["choices"] else None, help=help_text)
+    return parser
+
+
+def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
+    parser = build_parser(description)
+    args = vars(parser.parse_args(argv))
+    config_path, preset_name = args.pop("config"), args.pop("preset")
+    if config_path and preset_name:
+        parser.error("--config and --preset both name a starting point: give one of them")
+    try:
+        base = Config.load_json(config_path) if config_path else preset(preset_name or "paper-1.5b")
+        return replace(base, **args)
+    except (ValueError, OSError) as error:
+        parser.error(str(error))

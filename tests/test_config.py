@@ -1,0 +1,84 @@
+"""config.py: the released code's defaults, the presets, flags made from the dataclass, JSON round trip."""
+
+import dataclasses
+
+import pytest
+
+from config import PRESETS, Config, build_parser, parse_config, preset
+
+# DESIGN.md §3, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B.
+RELEASED_CODE_1P5B = dict(
+    model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", data="agentica-org/DeepScaleR-Preview-Dataset",
+    max_prompt_tokens=4096, max_new_tokens=8192, prompts_per_step=64, group_size=4, temperature=1.0, top_p=1.0,
+    explore="neighbor", mix_rate=0.1, num_neighbors=1, mix_weights="code", neighbor_space="output",
+    neighbor_metric="cosine", stop_mixing_token="</think>", noise_sigma=0.33, freeze_embeddings=False,
+    loss="grpo", adv_scale="std", adv_eps=1e-6, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.01,
+    old_logp="replay", ppo_epochs=1, mini_batch_prompts=16, lr=5e-7, weight_decay=0.01, grad_clip=1.0,
+)
+
+
+def test_defaults_are_the_released_code_recipe():
+    cfg = preset("paper-1.5b")
+    assert {k: getattr(cfg, k) for k in RELEASED_CODE_1P5B} == RELEASED_CODE_1P5B
+    assert parse_config([]) == cfg  # no flags at all = paper-1.5b
+
+
+def test_paper_7b_preset():
+    cfg = preset("paper-7b")
+    assert (cfg.model, cfg.mix_rate, cfg.num_neighbors) == ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.15, 2)
+
+
+def test_grpo_baseline_preset():
+    cfg = preset("grpo-1.5b")
+    assert (cfg.explore, cfg.lr, cfg.kl_coef) == ("none", 1e-6, 0.001)
+    assert cfg.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo"])
+def test_small_presets_run_offline(name):
+    cfg = preset(name)
+    assert (cfg.model, cfg.tokenizer, cfg.data) == ("tiny", "tiny", "arith")
+
+
+def test_every_field_has_a_flag_with_help(capsys):
+    with pytest.raises(SystemExit):
+        build_parser("test").parse_args(["--help"])
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(Config):
+        assert "--" + field.name.replace("_", "-") in text
+        assert field.metadata["help"].split()[0] in text
+
+
+def test_flags_override_the_preset():
+    cfg = parse_config(["--preset", "paper-7b", "--mix-rate", "0.3", "--freeze-embeddings", "--mix-weights", "renorm"])
+    assert (cfg.mix_rate, cfg.num_neighbors, cfg.freeze_embeddings, cfg.mix_weights) == (0.3, 2, True, "renorm")
+    assert parse_config(["--preset", "grpo-1.5b", "--no-freeze-embeddings"]).freeze_embeddings is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--explore", "bogus"], "invalid choice"),
+    (["--mix-rate", "1.5"], "mix_rate must be in"),
+    (["--prompts-per-step", "10", "--mini-batch-prompts", "4"], "must divide prompts_per_step"),
+    (["--lr", "abc"], "invalid float value"),
+    (["--preset", "tiny", "--config", "x.json"], "give one of them"),
+])
+def test_bad_flags_exit_with_one_message(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resolved_config_round_trips_through_json(tmp_path):
+    cfg = parse_config(["--preset", "paper-7b", "--lr", "3e-6", "--kl-coef", "0", "--top-k", "20"])
+    cfg.save_json(tmp_path / "run" / "config.json")
+    assert Config.load_json(tmp_path / "run" / "config.json") == cfg
+    again = parse_config(["--config", str(tmp_path / "run" / "config.json"), "--seed", "5"])
+    assert again == dataclasses.replace(cfg, seed=5)
+
+
+def test_unknown_json_keys_are_named(tmp_path):
+    (tmp_path / "c.json").write_text('{"mix_rate": 0.2, "mixing_rate": 0.3}')
+    with pytest.raises(ValueError, match="mixing_rate"):
+        Config.load_json(tmp_path / "c.json")
+
