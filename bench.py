@@ -1,0 +1,326 @@
+"""Benchmarks. Each prints one JSON line per measurement to stdout; notes go to stderr.
+
+    python bench.py grader              # the reward checker (reward.py) on a realistic answer mix
+
+Each benchmark is one function `bench_NAME(args)` with its own subcommand in `main()`; add new ones
+(rollout, train, ...) the same way.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+EVAL_DATA = Path(__file__).resolve().parent.parent / "shared" / "data" / "eval"
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def latency_ms(seconds: list[float]) -> dict:
+    ordered = sorted(seconds)
+    return {"median_ms": round(1000 * statistics.median(ordered), 3),
+            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# grader
+
+# Used when ../shared/data is absent: answers in the shapes MATH-500 has, with a one-line solution each.
+GENERATED_ANSWERS = [
+    "204", "025", "-1", "10,\\!080", "\\frac{14}{3}", "\\dfrac{33}{100}", "\\frac 59", "1.25", ".0000672",
+    "3\\sqrt{13}", "\\frac{\\sqrt{3}}{3}", "288 \\pi", "-\\frac{\\pi}{6}", "6 - 5i", "1+274i",
+    "x^5 - x^4 + x^3 - x^2 + x - 1", "(a+5)(b+2)", "2k+2", "\\left( 3, \\frac{\\pi}{2} \\right)", "(6,31,-1)",
+    "1,-2", "3, 5, 7", "1 \\pm \\sqrt{19}", "(3,4]", "(-\\infty, 2) \\cup (3, \\infty)", "x \\in [-2,7]",
+    "\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}", "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+    "y = 2x + 3", "5x - 7y + 11z + 4 = 0", "90^\\circ", "\\text{Evelyn}", "\\text{(C)}", "52_8",
+    "864 \\mbox{ inches}^2", "\\$32,\\!348", "1\\frac{4}{5}", "\\cot x", "p - q", "\\{1\\pm\\sqrt{5},-2\\}",
+]
+FILLER = [
+    "Let me re-read the problem to make sure I have the setup right.",
+    "We can check this value by substituting it back into the original equation.",
+    "Hmm, wait. Let me reconsider the previous step, since the sign might be off.",
+    "Expanding the product and collecting like terms gives a simpler expression.",
+    "This matches the constraint given in the problem, so the case is consistent.",
+    "Alternatively, we could count the complementary cases and subtract from the total.",
+]
+
+
+def load_problems() -> tuple[str, list[dict]]:
+    """("math500", its {answer, solution} rows), or a generated stand-in when ../shared/data is absent."""
+    path = EVAL_DATA / "math500.jsonl"
+    if path.is_file():
+        return "math500", [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    note(f"{path} not found: benchmarking a generated mix of {len(GENERATED_ANSWERS)} MATH-style answers instead")
+    return "generated", [{"answer": answer, "solution": f"{FILLER[i % len(FILLER)]} So it is $\\boxed{{{answer}}}$."}
+                         for i, answer in enumerate(GENERATED_ANSWERS)]
+
+
+_INTEGER = re.compile(r"-?\d+")
+_FRACTION = re.compile(r"(-?)\\d?frac\{(\d+)\}\{(\d+)\}")
+_DECIMAL = re.compile(r"-?\d*\.\d+")
+_TERMS = re.compile(r"(?<=[^\s^_{(+\-=,])\s*(?=[+-])")  # a top-level + or - that starts a term
+
+
+def _depth_zero_split(text: str, pattern: re.Pattern) -> list[str]:
+    """Split at pattern matches outside any brackets."""
+    depth, start, parts = 0, 0, []
+    for match in re.finditer(r"[{(\[]|[})\]]|" + pattern.pattern, text):
+        token = match.group()
+        if token in "{([":
+            depth += 1
+        elif token in "})]":
+            depth -= 1
+        elif depth == 0 and match.start() > start:
+            parts.append(text[start:match.start()].strip())
+            start = match.end()
+    return parts + [text[start:].strip()]
+
+
+def equivalent_rewriting(answer: str, rng: random.Random) -> str:
+    """The same answer written another way a model might write it (one of the rewrites that apply)."""
+    text = answer.strip()
+    options = []
+    if _INTEGER.fullmatch(text):
+        n = int(text)
+        options += [f"{n}.0", f"\\frac{{{2 * n}}}{{2}}", f"x = {n}", f"{n}\\text{{ units}}",
+                    f"{n:,}" if abs(n) >= 1000 else f"00{n}" if n >= 0 else f"-0{-n}"]
+    fraction = _FRACTION.fullmatch(text)
+    if fraction:
+        sign, numerator, denominator = fraction.group(1), int(fraction.group(2)), int(fraction.group(3))
+        options += [f"{sign}{numerator}/{denominator}", f"{sign}\\dfrac{{{3 * numerator}}}{{{3 * denominator}}}",
+                    f"\\frac{{{sign}{numerator}}}{{{denominator}}}"]
+        reduced = denominator // math.gcd(numerator, denominator)
+        if reduced == 2 ** _exponent_of(reduced, 2) * 5 ** _exponent_of(reduced, 5):  # a terminating decimal
+            options.append(f"{sign}{numerator / denominator:.12g}")
+    if _DECIMAL.fullmatch(text):
+        value = Fraction(text)
+        options += [text + "0", f"{'-' if value < 0 else ''}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"]
+    if re.fullmatch(r"(?:\\\$)?\d{1,3}(?:,(?:\\!)?\s*\d{3})+", text):  # 10,\!080
+        options.append(text.replace(",", "").replace("\\!", "").replace(" ", ""))
+    for pattern, rewrite in _REWRITES:
+        match = re.fullmatch(pattern, text)
+        if match:
+            options.append(rewrite(match))
+    if "pmatrix" in text:
+        options.append(text.replace("pmatrix", "bmatrix"))
+    if text.count("=") == 1 and "\\in" not in text:
+        left, right = text.split("=")
+        options.append(f"{right.strip()} = {left.strip()}")
+    items = _depth_zero_split(text, re.compile(","))
+    if len(items) > 1 and not options:
+        options.append(", ".join(reversed(items)))  # an unordered list of solutions
+    if text[0] in "([" and text[-1] in ")]" and len(items) == 1:
+        options.append("\\left" + text[0] + " " + text[1:-1].replace(",", ", ") + " \\right" + text[-1])
+    terms = _depth_zero_split(text, _TERMS) if not re.search(r"\\pm|\\cup|=|,|\\\$|\\text|\\begin", text) else []
+    if len(terms) > 1:
+        signed = [term if term[0] in "+-" else "+" + term for term in terms]
+        options.append("".join(reversed(signed)).lstrip("+"))
+    if "\\frac" in text:
+        options.append(text.replace("\\frac", "\\dfrac"))
+    return rng.choice(options or [f"\\displaystyle {text}"])
+
+
+_REWRITES = [  # (whole-answer pattern, equivalent form)
+    (r"(\d+)_\{?(\d+)\}?", lambda m: f"{m.group(1)}_{{{m.group(2)}}}"),
+    (r"([\d.]+)\s*\\(?:mbox|text)\{[^{}]*\}(?:\^2)?", lambda m: m.group(1)),
+    (r"x \\in (.*)", lambda m: m.group(1)),
+    (r"\\\{(.*)\\\}", lambda m: "\\{" + ", ".join(reversed(_depth_zero_split(m.group(1), re.compile(",")))) + "\\}"),
+    (r"\\text\{\(([A-E])\)\}", lambda m: m.group(1)),
+    (r"\\text\{\(([A-E])\)\}", lambda m: f"\\textbf{{({m.group(1)})}}"),
+    (r"\\text\{([A-Za-z ]+)\}", lambda m: m.group(1).lower()),
+    (r"(\d+)\s*\^\s*\\circ", lambda m: m.group(1)),
+    (r"(\d+)\s*\^\s*\\circ", lambda m: f"{m.group(1)}°"),
+    (r"(\d+)\s*\\sqrt\{?(\d+)\}?", lambda m: f"\\sqrt{{{int(m.group(1)) ** 2 * int(m.group(2))}}}"),
+    (r"\\sqrt\{(\d+)\}", lambda m: f"{m.group(1)}^{{1/2}}"),
+    (r"(\d+)\s*(\\pi|\\sqrt\{\d+\})", lambda m: f"{m.group(2)} \\cdot {m.group(1)}"),
+    (r"\\frac\{([^{}]+)\}\{([^{}]+)\}", lambda m: f"({m.group(1)})/({m.group(2)})"),
+    (r"-\\frac\{([^{}]+)\}\{([^{}]+)\}", lambda m: f"\\frac{{-{m.group(1)}}}{{{m.group(2)}}}"),
+]
+
+
+def _exponent_of(n: int, p: int) -> int:
+    count = 0
+    while n % p == 0:
+        n, count = n // p, count + 1
+    return count
+
+
+def wrong_rewriting(answer: str) -> str:
+    """A different answer of the same shape: the first integer incremented (3\\sqrt{13} -> 4\\sqrt{13})."""
+    text = answer.strip()
+    match = re.fullmatch(r"\\text\{\(([A-E])\)\}", text)
+    if match:
+        return f"\\text{{({'ABCDEA'['ABCDE'.index(match.group(1)) + 1]})}}"
+    if re.fullmatch(r"\\text\{[A-Za-z ]+\}", text):
+        return "\\text{none of these}"
+    number = re.search(r"\d+", text)
+    if number:
+        return text[:number.start()] + str(int(number.group()) + 1) + text[number.end():]
+    return f"{text} + 1"
+
+
+def response_of(solution: str, final_answer: str, padding: list[str], target_chars: int, rng: random.Random) -> str:
+    """An R1-style response of about target_chars: reasoning padded with other solutions' text, then the
+    answer in a box."""
+    think = [solution.replace("\\boxed", "")]
+    while sum(map(len, think)) < target_chars - 300:
+        think.insert(rng.randrange(len(think) + 1), rng.choice(padding).replace("\\boxed", ""))
+        think.insert(rng.randrange(len(think) + 1), rng.choice(FILLER))
+    return ("<think>\n" + "\n\n".join(think)[:target_chars - 300] + "\n</think>\n\n"
+            f"Putting the steps together, the final answer is $\\boxed{{{final_answer}}}$.")
+
+
+def accuracy(scores: list[float], expected: list[float]) -> float:
+    return round(sum(s == e for s, e in zip(scores, expected)) / len(scores), 4)
+
+
+def timed_singly(check, pairs: list[tuple]) -> dict:
+    """Median / p99 latency of check(a, b) over the pairs, one call at a time."""
+    seconds = []
+    for a, b, *_ in pairs:
+        start = time.perf_counter()
+        check(a, b)
+        seconds.append(time.perf_counter() - start)
+    return latency_ms(seconds)
+
+
+def bench_grader(args: argparse.Namespace) -> None:
+    """Throughput (RewardPool, warm workers) and one-at-a-time latency (is_equiv / math_reward, one shared
+    worker) on MATH-500 reference answers against themselves, equivalent rewritings and wrong answers;
+    ~8k-character responses; adversarial inputs; agreement with math-verify when it is installed."""
+    import reward
+
+    rng = random.Random(args.seed)
+    source, problems = load_problems()
+    references = [str(problem["answer"]) for problem in problems]
+    cases = {
+        "self": [(reference, reference, 1.0) for reference in references],
+        "equivalent": [(equivalent_rewriting(reference, rng), reference, 1.0) for reference in references],
+        "wrong": [(wrong_rewriting(reference), reference, 0.0) for reference in references],
+    }
+    padding = [problem["solution"] for problem in problems]
+    long_pairs = []  # (response, reference, expected)
+    for index in range(args.responses):
+        problem = problems[index % len(problems)]
+        prediction, reference, expected = list(cases.values())[index % 3][index % len(problems)]
+        long_pairs.append((response_of(problem["solution"], prediction, padding, args.response_chars, rng),
+                           reference, expected))
+    workers = args.workers or min(8, os.cpu_count() or 1)
+
+    def report(case: str, pairs: int, **fields) -> None:
+        emit({"bench": "grader", "case": case, "pairs": pairs, "workers": workers, "timeout_s": args.timeout_s,
+              **fields})
+
+    start = time.perf_counter()
+    with reward.RewardPool(num_workers=workers, timeout_s=args.timeout_s) as pool:
+        pool.score([(response, reference) for response, reference, _ in long_pairs])
+    cold_s = time.perf_counter() - start
+
+    with reward.RewardPool(num_workers=workers, timeout_s=args.timeout_s) as pool:
+        pool.score([("\\boxed{\\sqrt{8}}", "2\\sqrt{2}")] * workers)  # start the workers outside the timings
+        reward.is_equiv("\\sqrt{8}", "2\\sqrt{2}")  # and the shared one behind is_equiv / math_reward
+        verdicts = {}
+        for case, pairs in cases.items():
+            start = time.perf_counter()
+            scores = pool.score([(f"So the answer is $\\boxed{{{prediction}}}$.", reference)
+                                 for prediction, reference, _ in pairs])
+            elapsed_s = time.perf_counter() - start
+            verdicts[case] = scores
+            in_process = sum(reward._fast_verdict(p, r) is not None for p, r, _ in pairs) / len(pairs)
+            report(f"{source} {case}", len(pairs), pairs_per_s=round(len(pairs) / elapsed_s, 1),
+                   **timed_singly(lambda p, r: reward.is_equiv(p, r, timeout=args.timeout_s), pairs),
+                   accuracy=accuracy(scores, [e for _, _, e in pairs]), decided_in_process=round(in_process, 3))
+            for score, (prediction, reference, expected) in zip(scores, pairs):
+                if score != expected:
+                    note(f"grader {case}: {prediction!r} vs {reference!r} scored {score}, expected {expected}")
+
+        hard = [pair for pairs in cases.values() for pair in pairs if reward._fast_verdict(pair[0], pair[1]) is None]
+        start = time.perf_counter()
+        scores = pool.score([(f"\\boxed{{{prediction}}}", reference) for prediction, reference, _ in hard])
+        elapsed_s = time.perf_counter() - start
+        report(f"{source} pairs that need sympy", len(hard), pairs_per_s=round(len(hard) / elapsed_s, 1),
+               **timed_singly(lambda p, r: reward.is_equiv(p, r, timeout=args.timeout_s), hard),
+               accuracy=accuracy(scores, [e for _, _, e in hard]))
+
+        start = time.perf_counter()
+        scores = pool.score([(response, reference) for response, reference, _ in long_pairs])
+        elapsed_s = time.perf_counter() - start
+        report(f"responses of ~{args.response_chars} chars", len(long_pairs), seconds=round(elapsed_s, 3),
+               cold_start_seconds=round(cold_s, 3), pairs_per_s=round(len(long_pairs) / elapsed_s, 1),
+               **timed_singly(reward.math_reward, long_pairs), accuracy=accuracy(scores, [e for _, _, e in long_pairs]),
+               mean_chars=round(statistics.mean(len(r) for r, _, _ in long_pairs)))
+
+        adversarial = ["\\boxed{9^{9^{9^9}}}", "\\boxed{10^{10^{10^{10}}}}", "\\boxed{1000000!}",
+                       "\\boxed{" + "7" * 100_000 + "}", "\\boxed{" + "(" * 2000 + "1" + ")" * 2000 + "}",
+                       "x" * 1_000_000 + "\\boxed{5", "\\boxed{" * 5000, "\\boxed{\x00\x1b\x7f}", "\\boxed{}",
+                       "\\boxed{(x+y+z+1)^{30}(x-y-z-1)^{30}}"]  # the last: a true identity too slow to expand
+        seconds, scores = [], []
+        for response in adversarial:
+            start = time.perf_counter()
+            scores += pool.score([(response, "(x^2-(y+z+1)^2)^{30}")])
+            seconds.append(time.perf_counter() - start)
+        report("adversarial", len(adversarial), max_ms=round(1000 * max(seconds), 1), **latency_ms(seconds),
+               all_zero=scores == [0.0] * len(adversarial))
+
+    if args.math_verify:
+        compare_with_math_verify(cases, verdicts)
+
+
+def compare_with_math_verify(cases: dict, verdicts: dict) -> None:
+    """Agreement with math-verify (the paper's grader) on the same pairs; disagreements go to stderr."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        note("math-verify is not installed (pip install math-verify): skipping the agreement check")
+        return
+    agree, total, seconds = 0, 0, []
+    for case, pairs in cases.items():
+        for (prediction, reference, expected), ours in zip(pairs, verdicts[case]):
+            start = time.perf_counter()
+            theirs = 1.0 if verify(parse(f"\\boxed{{{reference}}}"), parse(f"\\boxed{{{prediction}}}")) else 0.0
+            seconds.append(time.perf_counter() - start)
+            total += 1
+            agree += theirs == ours
+            if theirs != ours:
+                note(f"math-verify disagrees ({case}): {prediction!r} vs {reference!r}: ours {ours}, "
+                     f"math-verify {theirs}, expected {expected}")
+    emit({"bench": "grader", "case": "math-verify agreement", "pairs": total, "agreement": round(agree / total, 4),
+          "disagreements": total - agree,
+          **{f"math_verify_{key}": value for key, value in latency_ms(seconds).items()}})
+
+
+# ----------------------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True)
+
+    grader = benchmarks.add_parser("grader", help="reward checker: speed, accuracy, agreement with math-verify")
+    grader.add_argument("--workers", type=int, default=None, help="RewardPool workers (default: min(8, CPUs))")
+    grader.add_argument("--timeout-s", type=float, default=5.0, help="per-check time limit")
+    grader.add_argument("--responses", type=int, default=256, help="number of long responses")
+    grader.add_argument("--response-chars", type=int, default=8000, help="length of each long response")
+    grader.add_argument("--seed", type=int, default=0)
+    grader.add_argument("--no-math-verify", dest="math_verify", action="store_false",
+                        help="skip the agreement check even when math-verify is installed")
+    grader.set_defaults(run=bench_grader)
+
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
