@@ -134,18 +134,16 @@ class ModelConfig:
 
 
 # The `tiny` preset: an R1-Distill-shaped Qwen2 (q/k/v bias, untied embeddings) small enough that every
-# code path runs in seconds on a CPU. 320 rows cover data.py's built-in tokenizer (256 bytes + specials).
+# code path runs in seconds on a CPU. Its 262 rows are exactly data.py's built-in tokenizer (256 bytes + 6 chat
+# tokens), so even an untrained tiny model never samples an id that decodes to nothing.
 TINY_CONFIG = ModelConfig(
-    family="qwen2", vocab_size=320, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
+    family="qwen2", vocab_size=262, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
     num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=4096,
 )
 
 
 def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
-    """Rotation frequency of each pair of head dimensions, in fp32: [head_dim // 2].
-
-    Computed from the config on every forward instead of kept as a buffer, so casting the model to
-    bf16 can never round the frequencies (a handful of tiny kernels next to a whole transformer)."""
+    """Rotation frequency of each pair of head dimensions, in fp32: [head_dim // 2]."""
     exponent = torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float32) / cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** exponent)
     if cfg.rope_scaling is None:
@@ -278,6 +276,9 @@ class Transformer(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.gradient_checkpointing = False  # recompute each block in backward instead of storing it
+        # RoPE frequencies per device, in fp32 whatever the weights' dtype: a cache, not a buffer, so that
+        # casting the model to bf16 can never round them.
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -334,7 +335,9 @@ class Transformer(nn.Module):
                 positions = slots.expand(B, T)
             else:
                 positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, slots]
-        freqs = positions[..., None].float() * rope_inv_freq(self.cfg, device)  # [B, T, D/2]
+        if device not in self._inv_freq:
+            self._inv_freq[device] = rope_inv_freq(self.cfg, device)
+        freqs = positions[..., None].float() * self._inv_freq[device]  # [B, T, D/2]
         freqs = torch.cat((freqs, freqs), dim=-1)
         cos, sin = freqs.cos(), freqs.sin()
         for i, layer in enumerate(self.layers):

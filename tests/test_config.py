@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from config import PRESETS, Config, build_parser, parse_config, preset
+from config import Config, build_parser, parse_config, preset
 
 # DESIGN.md §3, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B.
 RELEASED_CODE_1P5B = dict(

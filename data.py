@@ -1,0 +1,381 @@
+"""Problems in, prompt token ids out: loading problem sets, rendering prompts, seeded resumable batching.
+
+Every problem set, whatever its field names, becomes a list of records {id, problem, answer}:
+
+    load_problems("../shared/data/eval/aime24.jsonl")[0]
+    -> {"id": "60", "problem": "Every morning Aya goes for a $9$-kilometer-long walk ...", "answer": "204"}
+
+Sources: a local .jsonl / .json (a list) / .parquet file, a hub dataset id (downloaded through
+huggingface_hub), or the built-in `arith` set of generated arithmetic word problems. A record is turned
+into a prompt exactly as DESIGN.md §3 says: one user turn rendered with the tokenizer's chat template.
+The built-in `tiny` tokenizer (bytes + the DeepSeek chat tokens) lets all of this run offline.
+"""
+
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+GPQA_INSTRUCTION = "Let's think step by step and output the final answer in the last line as:\nAnswer: <A/B/C/D>"
+
+PROBLEM_FIELDS = ("problem", "question", "Problem", "Question")
+ANSWER_FIELDS = ("answer", "final_answer", "Answer", "ground_truth")
+ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "ID")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class DataError(ValueError):
+    """A problem set that cannot be used; the message names the file and line."""
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+USER, ASSISTANT, THINK, END_THINK = "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"
+
+# R1-Distill's template reduced to what a problem set needs (system, user and assistant turns); the same
+# shape: BOS, system text, <｜User｜>..., and a generation prompt ending in <｜Assistant｜><think>\n.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}{{ '<｜Assistant｜>' + m['content'].split('</think>')[-1] + eos_token }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}"
+)
+
+
+def _byte_chars() -> list[str]:
+    """The printable stand-in character of each byte in byte-level BPE vocabularies (GPT-2's mapping)."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    stand_ins = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(stand_ins)) for b in range(256)]
+
+
+def tiny_tokenizer():
+    """A transformers tokenizer that needs no download: token id b < 256 is the byte b, then the DeepSeek
+    chat tokens (ids 256-261: BOS, EOS, <｜User｜>, <｜Assistant｜>, <think>, </think>). BOS is prepended
+    and EOS doubles as padding, and <think> / </think> are ordinary (non-special) tokens, all as in R1-Distill."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(_byte_chars())}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (BOS, EOS)])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in (USER, ASSISTANT, THINK, END_THINK)])
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 256)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=EOS,
+                                   chat_template=TINY_CHAT_TEMPLATE)
+
+
+def load_tokenizer(name_or_path: str):
+    """'tiny' -> the built-in tokenizer; anything else through transformers' AutoTokenizer."""
+    if name_or_path == "tiny":
+        return tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def math_prompt(problem: str, *, final_period: bool = True) -> str:
+    """The paper's math prompt. The released preprocessing of the DeepScaleR training set drops the final
+    period (final_period=False); evaluation prompts keep it."""
+    text = f"{problem} {MATH_INSTRUCTION}"
+    return text if final_period else text.removesuffix(".")
+
+
+def gpqa_prompt(question: str) -> str:
+    return f"{question}\n\n{GPQA_INSTRUCTION}"
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """One user turn rendered with the tokenizer's chat template and a generation prompt (R1-Distill ends
+    with `<｜Assistant｜><think>\\n`); a tokenizer without a template gets the plain text."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]  # the template already holds BOS
+    return tokenizer(text)["input_ids"]
+
+
+def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int, style: str = "math",
+                      final_period: bool = True) -> tuple[list[dict], int]:
+    """Adds `prompt_ids` to each problem (style "math" or "gpqa") and drops those longer than
+    max_prompt_tokens. Returns (kept problems, number dropped)."""
+    kept = []
+    for problem in problems:
+        text = gpqa_prompt(problem["problem"]) if style == "gpqa" else math_prompt(problem["problem"],
+                                                                                   final_period=final_period)
+        ids = encode_prompt(tokenizer, text)
+        if len(ids) <= max_prompt_tokens:
+            kept.append({**problem, "prompt_ids": ids})
+    return kept, len(problems) - len(kept)
+
+
+# ----------------------------------------------------------------------------- problem sets
+
+
+def load_problems(source: str, *, split: str = "train", limit: int | None = None) -> list[dict]:
+    """Problems {id, problem, answer} from a local file, a hub dataset id or a built-in set.
+
+    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1` (see arith_problems); its train and test splits
+    never share a problem."""
+    if source == "arith" or source.startswith("arith:"):
+        problems = arith_problems(split=split, **_parse_options(source.partition(":")[2]))
+    else:
+        path = Path(source).expanduser()
+        if path.is_file():
+            problems = read_problem_file(path)
+        elif path.exists() or source.count("/") != 1 or path.suffix in DATA_SUFFIXES:
+            raise DataError(f"{source}: no such file, and not a built-in set (arith) or a hub dataset id (owner/name)")
+        else:
+            problems = [p for f in _split_files(download_dataset(source), split, source) for p in read_problem_file(f)]
+    if not problems:
+        raise DataError(f"{source}: no problems")
+    return problems[:limit] if limit is not None else problems
+
+
+def download_dataset(repo_id: str) -> Path:
+    """The data files of a hub dataset repository, downloaded (or found in the local HF cache)."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, repo_type="dataset", allow_patterns=[f"*{s}" for s in DATA_SUFFIXES]))
+
+
+def _split_files(root: Path, split: str, source: str) -> list[Path]:
+    """The files of one split: those whose name mentions it (train-00000-of-00002.parquet, data/test.jsonl),
+    else the only data file there is (DeepScaleR ships a single deepscaler.json)."""
+    files = sorted(f for f in root.rglob("*") if f.suffix in DATA_SUFFIXES and not f.name.startswith("dataset_")
+                   and not any(part.startswith(".") for part in f.relative_to(root).parts))
+    matching = [f for f in files if split in re.split(r"[^a-zA-Z0-9]+", str(f.relative_to(root)))]
+    if matching:
+        return matching
+    if len(files) == 1:
+        return files
+    names = ", ".join(str(f.relative_to(root)) for f in files) or "none"
+    raise DataError(f"{source}: no data file for split {split!r} (files: {names})")
+
+
+def read_problem_file(path: Path) -> list[dict]:
+    """A .jsonl, .json (a list of objects) or .parquet file, normalised record by record."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+        rows = pq.read_table(path).to_pylist()
+        return [normalise_record(row, f"{path}: row {i + 1}", default_id=f"{path.stem}-{i}") for i, row in enumerate(rows)]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error})") from None
+    records = _json_list(text, path) if text.lstrip().startswith("[") else _json_lines(text, path)
+    return [normalise_record(record, f"{path}:{line}", default_id=f"{path.stem}-{i}")
+            for i, (line, record) in enumerate(records)]
+
+
+def _json_lines(text: str, path: Path) -> list[tuple[int, object]]:
+    records = []
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 or U+0085, which splitlines() breaks on.
+    for line_no, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            try:
+                records.append((line_no, json.loads(line)))
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}:{line_no}: invalid JSON ({error.msg} at column {error.colno})") from None
+    return records
+
+
+def _json_list(text: str, path: Path) -> list[tuple[int, object]]:
+    """Decodes a JSON list item by item, so that each record keeps the line it starts on."""
+    decoder = json.JSONDecoder()
+    records, pos = [], text.index("[") + 1
+    while True:
+        pos = _skip_space(text, pos)
+        if pos < len(text) and text[pos] == "]" and not records:
+            break
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{error.lineno}: invalid JSON ({error.msg} at column {error.colno})") from None
+        records.append((text.count("\n", 0, pos) + 1, record))
+        pos = _skip_space(text, end)
+        if pos < len(text) and text[pos] == ",":
+            pos += 1
+        elif pos < len(text) and text[pos] == "]":
+            break
+        else:
+            line = text.count("\n", 0, pos) + 1
+            raise DataError(f"{path}:{line}: invalid JSON (expected ',' or ']' after a list item)")
+    if _skip_space(text, pos + 1) != len(text):
+        raise DataError(f"{path}:{text.count(chr(10), 0, pos) + 1}: invalid JSON (text after the closing ']')")
+    return records
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def normalise_record(record, where: str, *, default_id: str) -> dict:
+    """{id, problem, answer} from the field names problem sets use. The answer is an `answer`-like field
+    or, failing that, the last \\boxed{} of a `solution`; `where` ("file:line") prefixes every error."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    problem = next((record[k] for k in PROBLEM_FIELDS if isinstance(record.get(k), str) and record[k].strip()), None)
+    if problem is None:
+        raise DataError(f"{where}: no problem text (expected a non-empty '{PROBLEM_FIELDS[0]}' or "
+                        f"'{PROBLEM_FIELDS[1]}' field; fields: {', '.join(record) or 'none'})")
+    answer = next((record[k] for k in ANSWER_FIELDS if record.get(k) not in (None, "", [])), None)
+    if answer is None and isinstance(record.get("reward_model"), dict):  # verl's parquet layout
+        answer = record["reward_model"].get("ground_truth")
+    answer = _answer_text(answer)
+    if not answer and isinstance(record.get("solution"), str):
+        from reward import extract_answer
+
+        answer = (extract_answer(record["solution"]) or "").strip()
+    if not answer:
+        raise DataError(f"{where}: no usable answer (no non-empty 'answer' field and no \\boxed{{}} in 'solution')")
+    found_id = next((record[k] for k in ID_FIELDS if record.get(k) not in (None, "")), default_id)
+    return {**({"solution": record["solution"]} if isinstance(record.get("solution"), str) else {}),
+            "id": str(found_id), "problem": problem, "answer": answer}
+
+
+def _answer_text(answer) -> str:
+    """27.0 -> "27", 2.5 -> "2.5", ["1", "2"] -> "1, 2", "025" stays "025" (the grader decides equality)."""
+    if isinstance(answer, bool) or answer is None:
+        return "" if answer is None else str(answer)
+    if isinstance(answer, float) and answer.is_integer():
+        return str(int(answer))
+    if isinstance(answer, (list, tuple)):
+        return ", ".join(_answer_text(a) for a in answer)
+    return str(answer).strip()
+
+
+def _parse_options(text: str) -> dict:
+    """'difficulty=2,n=500' -> {"difficulty": 2, "n": 500}."""
+    options = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key.strip() not in ("difficulty", "n", "seed") or not value.strip().isdigit():
+            raise DataError(f"arith option {item!r}: expected difficulty=INT, n=INT or seed=INT")
+        options[key.strip()] = int(value)
+    return options
+
+
+# ----------------------------------------------------------------------------- the built-in arithmetic set
+
+NAMES = ("Ava", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Milo", "Nia")
+ITEMS = ("apples", "marbles", "stickers", "coins", "shells", "pencils", "stamps", "cards", "beads", "books")
+
+
+def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str = "train") -> list[dict]:
+    """Seeded arithmetic word problems with exact non-negative integer answers and a worked solution.
+
+    difficulty d: d operations (+, -, x, exact /) on counts up to 10·d. A problem belongs to the test split
+    when a hash of its text falls in the lowest tenth, so train and test never share a problem.
+
+    >>> arith_problems(1, seed=3)[0]["problem"]
+    'Jun has 9 books. Jun gets 4 more books. How many books does Jun have now?'
+    """
+    if split not in ("train", "test"):
+        raise DataError(f"arith has the splits train and test, not {split!r}")
+    if difficulty < 1 or n < 1:
+        raise DataError("arith needs difficulty >= 1 and n >= 1")
+    rng = random.Random(f"arith:{difficulty}:{seed}")
+    problems, seen = [], set()
+    for _ in range(200 * n):  # small sets run out of distinct problems: stop rather than loop forever
+        problem = _arith_problem(rng, difficulty)
+        digest = int(hashlib.sha256(problem["problem"].encode()).hexdigest(), 16)
+        if problem["problem"] in seen or (digest % 10 == 0) != (split == "test"):
+            continue
+        seen.add(problem["problem"])
+        problems.append({"id": f"arith-{split}-{len(problems)}", **problem})
+        if len(problems) == n:
+            break
+    return problems
+
+
+def _arith_problem(rng: random.Random, difficulty: int) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    top = 10 * difficulty
+    count = rng.randint(1, top)
+    sentences, steps = [f"{name} has {count} {item}."], []
+    for _ in range(difficulty):
+        op = rng.choice("+-*/") if difficulty > 1 else rng.choice("+-")
+        divisors = [k for k in range(2, 6) if count % k == 0]
+        if op == "-" and count == 0 or op == "/" and not divisors:
+            op = "+"
+        if op == "+":
+            k = rng.randint(1, top)
+            sentences.append(f"{name} gets {k} more {item}.")
+            new = count + k
+        elif op == "-":
+            k = rng.randint(1, count)
+            sentences.append(f"{name} gives away {k} {item}.")
+            new = count - k
+        elif op == "*":
+            k = rng.randint(2, 4)
+            sentences.append(f"{name} ends up with {k} times as many {item}.")
+            new = count * k
+        else:
+            k = rng.choice(divisors)
+            sentences.append(f"{name} splits the {item} into {k} equal piles and keeps one pile.")
+            new = count // k
+        steps.append(f"{count}{op}{k}={new}.")
+        count = new
+    sentences.append(f"How many {item} does {name} have now?")
+    return {"problem": " ".join(sentences), "answer": str(count), "solution": " ".join(steps) + f" \\boxed{{{count}}}"}
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+class PromptBatcher:
+    """Endless batches of problems in a seeded order that changes every epoch, with a cursor.
+
+    The order of epoch e is a function of (seed, e) alone, so `state_dict()` (epoch, index) is all a
+    checkpoint needs: a resumed run sees exactly the prompts it would have seen. A batch that runs past
+    the end of an epoch is completed from the next one."""
+
+    def __init__(self, items: list, batch_size: int, seed: int = 0):
+        if not items:
+            raise DataError("cannot batch an empty problem set")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.items, self.batch_size, self.seed = items, batch_size, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.items)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list:
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.index == len(self.items):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            take = min(self.batch_size - len(batch), len(self.items) - self.index)
+            batch += [self.items[i] for i in self._order[self.index : self.index + take]]
+            self.index += take
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_items": len(self.items)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["seed"] != self.seed or state["num_items"] != len(self.items):
+            raise ValueError(f"data cursor was saved for {state['num_items']} problems with seed {state['seed']}, "
+                             f"but this run has {len(self.items)} problems with seed {self.seed}")
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._epoch_order(self.epoch)
