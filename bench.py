@@ -1,6 +1,7 @@
 """Benchmarks. Each prints one JSON line per measurement to stdout; notes go to stderr.
 
     python bench.py grader              # the reward checker (reward.py) on a realistic answer mix
+    python bench.py rollout             # the sampler (rollout.py) against transformers' generate
 
 Each benchmark is one function `bench_NAME(args)` with its own subcommand in `main()`; add new ones
 (rollout, train, ...) the same way.
@@ -303,6 +304,93 @@ def compare_with_math_verify(cases: dict, verdicts: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# rollout
+
+SHAPES = {"1.5b": "tokenizers/DeepSeek-R1-Distill-Qwen-1.5B/config.json",
+          "7b": "configs/DeepSeek-R1-Distill-Qwen-7B/config.json"}
+
+
+def transformers_twin(model):
+    """transformers' own model of the same architecture holding the same weights (the baseline)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = model.cfg.to_hf()
+    config = AutoConfig.for_model(hf_config.pop("model_type"), **hf_config)
+    weight = model.embed_tokens.weight
+    twin = AutoModelForCausalLM.from_config(config, torch_dtype=weight.dtype).to(weight.device).eval()
+    state = {(k if k.startswith("lm_head") else "model." + k): v for k, v in model.state_dict().items()}
+    twin.load_state_dict(state, strict=not model.cfg.tie_word_embeddings)
+    return twin
+
+
+def peak_mem_mb(device) -> float:
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # the process's peak RSS
+
+
+def bench_rollout(args: argparse.Namespace) -> None:
+    import torch
+
+    from model import TINY_CONFIG, random_model
+    from neighbors import build_neighbor_table
+    from rollout import Exploration, Sampling, generate
+
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if args.shape == "tiny":
+        config = TINY_CONFIG
+    else:
+        config = EVAL_DATA.parent / SHAPES[args.shape]
+        if not config.is_file():
+            sys.exit(f"{config} not found: the {args.shape} shape needs ../shared/data")
+    model = random_model(config, dtype=dtype, device=device, seed=0).eval()
+    twin = transformers_twin(model)
+    vocab = model.cfg.vocab_size
+    prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+    table = build_neighbor_table(model.output_weight, 1)
+    sampling = Sampling(max_new_tokens=args.new_tokens)  # no stop ids: every row runs the full length
+
+    def ours(explore):
+        exploration = Exploration(explore, mix_rate=0.1)
+        return lambda: generate(model, prompts.tolist(), sampling, exploration, neighbor_table=table,
+                                generator=torch.Generator(device).manual_seed(0))
+
+    def theirs():
+        ids = prompts.to(device)
+        return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
+                             top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
+
+    runs = [("ours", "none", ours("none")), ("ours", "neighbor", ours("neighbor")), ("transformers", "none", theirs)]
+    seconds = {impl_explore: [] for impl_explore in [(impl, explore) for impl, explore, _ in runs]}
+    peak = {}
+    for impl, explore, run in runs:
+        run()  # warm-up
+    # Round-robin over the configurations, so that drift in the machine's speed hits all of them alike.
+    for _ in range(args.repeats):
+        for impl, explore, run in runs:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds[impl, explore].append(time.perf_counter() - start)
+            peak[impl, explore] = peak_mem_mb(device)
+    for (impl, explore), timings in seconds.items():
+        emit({"bench": "rollout", "impl": impl, "explore": explore, "device": device.type, "shape": args.shape,
+              "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+              "tokens_per_s": round(args.batch * args.new_tokens / statistics.median(timings), 1),
+              "median_s": round(statistics.median(timings), 4), "min_s": round(min(timings), 4),
+              "peak_mem_mb": peak[impl, explore]})
+
+
+# ----------------------------------------------------------------------------------------------------
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -317,6 +405,16 @@ def main() -> None:
     grader.add_argument("--no-math-verify", dest="math_verify", action="store_false",
                         help="skip the agreement check even when math-verify is installed")
     grader.set_defaults(run=bench_grader)
+
+    rollout = benchmarks.add_parser("rollout", help="sampler: ours vs transformers' generate, neighbor mixing vs none")
+    rollout.add_argument("--device", default="cpu", help="cpu or cuda")
+    rollout.add_argument("--shape", default="tiny", choices=["tiny", *SHAPES],
+                         help="tiny preset, or the real R1-Distill config from ../shared with random weights")
+    rollout.add_argument("--batch", type=int, default=16, help="prompts decoded together")
+    rollout.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt")
+    rollout.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (no early stop)")
+    rollout.add_argument("--repeats", type=int, default=15, help="timed runs per configuration (median reported)")
+    rollout.set_defaults(run=bench_rollout)
 
     args = parser.parse_args()
     args.run(args)

@@ -1,0 +1,244 @@
+"""rollout.py: the sampler against full forwards of transformers' own model, the mixing rules of DESIGN.md §3
+against hand computations, and the statistics of the exploration strategies."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+import model as M
+from rollout import Exploration, Sampling, filtered_logits, generate, mixing_candidates
+
+V = 97
+PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(transformers' Qwen2, ours loaded from its checkpoint), fp32, random weights."""
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # larger logits than the default init, so sampling is far from uniform
+        hf.lm_head.weight.mul_(40)
+    path = tmp_path_factory.mktemp("qwen2")
+    hf.save_pretrained(path)
+    return hf, M.load_model(str(path), dtype=torch.float32, device="cpu").eval()
+
+
+def ring_table(vocab: int, k: int) -> torch.Tensor:
+    """A neighbor table for tests: row v holds v+1, ..., v+k (mod V), never v itself."""
+    return (torch.arange(vocab)[:, None] + torch.arange(1, k + 1)[None]) % vocab
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@torch.no_grad()
+def test_greedy_equals_argmax_of_repeated_full_forwards(models):
+    hf, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=10))
+    for row, prompt in enumerate(PROMPTS):
+        sequence = list(prompt)
+        for _ in range(10):
+            sequence.append(int(hf(torch.tensor([sequence])).logits[0, -1].argmax()))
+        assert rollout.responses()[row] == sequence[len(prompt):]
+
+
+@torch.no_grad()
+def test_left_padding_changes_nothing(models):
+    _, ours = models
+    sampling = Sampling(temperature=1.0, max_new_tokens=12)
+    batch = generate(ours, PROMPTS, sampling, keep_logits=True, generator=seeded(0))
+    for row, prompt in enumerate(PROMPTS):
+        alone = generate(ours, [prompt], Sampling(temperature=0, max_new_tokens=12), keep_logits=True)
+        # Same inputs as the batch row (its sampled tokens fed back) would need the same draws; compare the
+        # first step's logits, and greedy continuations token for token.
+        assert (alone.logits[0, 0] - batch.logits[row, 0]).abs().max() < 1e-4
+    greedy_batch = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=12))
+    for row, prompt in enumerate(PROMPTS):
+        alone = generate(ours, [prompt], Sampling(temperature=0, max_new_tokens=12))
+        assert alone.responses()[0] == greedy_batch.responses()[row]
+
+
+def replay_logits(hf, rollout, row):
+    """transformers' full forward over the prompt's embeddings followed by the recorded mixtures, computed
+    here by hand as sum_k w_k E[id_k]; returns the logits that predicted each response token."""
+    E = hf.get_input_embeddings().weight
+    prompt = rollout.prompts[row]
+    n = int(rollout.lengths[row])
+    fed = (rollout.cand_weights[row, : n - 1, :, None] * E[rollout.cand_ids[row, : n - 1]]).sum(-2)  # [n-1, d]
+    inputs = torch.cat([E[torch.tensor(prompt)], fed])[None]
+    return hf(inputs_embeds=inputs).logits[0, len(prompt) - 1 :]  # [n, V]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("exploration", [
+    Exploration("neighbor", mix_rate=0.5, num_neighbors=2, weights="code"),
+    Exploration("neighbor", mix_rate=0.5, num_neighbors=1, weights="renorm"),
+    Exploration("soft", top_k=4),
+])
+def test_replaying_the_recorded_mixtures_reproduces_every_step(models, exploration):
+    hf, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration,
+                       neighbor_table=ring_table(V, 2), generator=seeded(1), keep_logits=True)
+    assert rollout.mixed.any()
+    for row in range(len(PROMPTS)):
+        n = int(rollout.lengths[row])
+        assert (replay_logits(hf, rollout, row) - rollout.logits[row, :n]).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_unmixed_steps_record_the_sampled_token_with_weight_one(models):
+    _, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=16), Exploration("neighbor", mix_rate=0.3),
+                       neighbor_table=ring_table(V, 1), generator=seeded(2))
+    plain = ~rollout.mixed & (torch.arange(rollout.mixed.shape[1]) < rollout.lengths[:, None])
+    assert torch.equal(rollout.cand_ids[..., 0][plain], rollout.response_ids[plain])
+    assert torch.equal(rollout.cand_weights[plain], torch.tensor([1.0, 0.0]).expand(int(plain.sum()), 2))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@pytest.mark.parametrize("weights", ["code", "renorm"])
+def test_mixing_candidates_match_a_hand_computation(temperature, weights):
+    z = [1.0, 3.0, 0.5, 2.0, -1.0]
+    table = torch.tensor([[1, 2], [3, 0], [0, 1], [1, 4], [3, 2]])
+    exp = [math.exp(v / temperature) for v in z]
+    p = [e / sum(exp) for e in exp]
+    # anchor = argmax p = token 1; its neighbors from the table: 3 then 0.
+    cand = [1, 3, 0]
+    if weights == "code":
+        raw = [math.exp(p[c] / temperature) for c in cand]
+    else:
+        raw = [p[c] for c in cand]
+    expected = [r / sum(raw) for r in raw]
+    ids, w = mixing_candidates(torch.tensor([z]), table, num_neighbors=2, temperature=temperature, weights=weights)
+    assert ids.tolist() == [cand]
+    assert torch.allclose(w, torch.tensor([expected]), atol=1e-6)
+    assert abs(float(w.sum()) - 1.0) < 1e-6
+
+
+def test_code_weights_give_neighbors_a_large_share():
+    """DESIGN.md §3 step 4: at tau = 1 a neighbor with p ~ 0 gets e / (e^p_a + 1) ~ 27-37% of the mixture."""
+    z = torch.tensor([[10.0, 0.0, 0.0, 0.0]])
+    _, w = mixing_candidates(z, torch.tensor([[1], [0], [0], [0]]), num_neighbors=1, temperature=1.0)
+    p_anchor = 1 / (1 + 3 * math.exp(-10))
+    assert abs(float(w[0, 1]) - 1 / (1 + math.exp(p_anchor - 0))) < 1e-5  # ~0.269
+
+
+def test_top_k_and_top_p_filtering_by_hand():
+    z = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    p = torch.softmax(z, -1)[0].tolist()  # 0.644, 0.237, 0.087, 0.032
+    kept = filtered_logits(z, 1.0, top_k=2).isfinite()[0].tolist()
+    assert kept == [True, True, False, False]
+    # top_p = 0.85: 0.644 < 0.85 so the second token is needed; 0.644 + 0.237 = 0.881 >= 0.85 covers it.
+    assert p[0] < 0.85 <= p[0] + p[1]
+    assert filtered_logits(z, 1.0, top_p=0.85).isfinite()[0].tolist() == [True, True, False, False]
+    assert filtered_logits(z, 1.0, top_p=0.5).isfinite()[0].tolist() == [True, False, False, False]
+    assert torch.equal(filtered_logits(z, 0.5), z / 0.5)
+
+
+@torch.no_grad()
+def test_sampling_logprobs_are_temperature_scaled_and_filtered(models):
+    _, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), generator=seeded(3),
+                       keep_logits=True)
+    for row in range(len(PROMPTS)):
+        for t in range(int(rollout.lengths[row])):
+            z = rollout.logits[row, t] / 0.7
+            top = z.topk(5)
+            token = int(rollout.response_ids[row, t])
+            assert token in top.indices.tolist()  # sampled inside the top-k
+            expected = z[token] - torch.logsumexp(top.values, 0)
+            assert abs(float(rollout.logprobs[row, t]) - float(expected)) < 1e-5
+
+
+@torch.no_grad()
+def test_realised_mix_rate_is_within_three_standard_errors(models):
+    _, ours = models
+    rate = 0.1
+    rollout = generate(ours, PROMPTS * 16, Sampling(max_new_tokens=64), Exploration("neighbor", mix_rate=rate),
+                       neighbor_table=ring_table(V, 1), generator=seeded(4))
+    n = int(rollout.lengths.sum())  # no stop ids: every step of every row is eligible
+    assert n == 64 * 64
+    se = math.sqrt(rate * (1 - rate) / n)
+    assert abs(float(rollout.mixed.sum()) / n - rate) < 3 * se
+
+
+@torch.no_grad()
+def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
+    _, ours = models
+    sampling = Sampling(max_new_tokens=40)
+    first = generate(ours, PROMPTS * 4, sampling, generator=seeded(5))
+    stop_mixing = int(first.response_ids.flatten().mode().values)  # a token that does come up
+    for exploration in (Exploration("neighbor", mix_rate=0.5, stop_mixing_id=stop_mixing),
+                        Exploration("soft", top_k=3, stop_mixing_id=stop_mixing)):
+        rollout = generate(ours, PROMPTS * 4, sampling, exploration, neighbor_table=ring_table(V, 1),
+                           generator=seeded(5))
+        rows_with_stop = 0
+        for row in range(rollout.response_ids.shape[0]):
+            hits = (rollout.response_ids[row] == stop_mixing).nonzero()
+            if len(hits):
+                rows_with_stop += 1
+                assert not rollout.mixed[row, int(hits[0]):].any()
+            if exploration.strategy == "soft":  # every thinking step mixes
+                end = int(hits[0]) if len(hits) else int(rollout.lengths[row])
+                assert rollout.mixed[row, :end].all()
+        assert rows_with_stop > 0
+
+
+@torch.no_grad()
+def test_none_never_mixes(models):
+    _, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=30), Exploration("none", mix_rate=1.0),
+                       generator=seeded(6))
+    assert not rollout.mixed.any()
+    assert rollout.cand_ids.shape[-1] == 1
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian"])
+def test_same_seed_same_rollout_other_seed_another(models, strategy):
+    _, ours = models
+    exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
+    run = lambda seed: generate(ours, PROMPTS, Sampling(max_new_tokens=20), exploration,
+                                neighbor_table=ring_table(V, 1), generator=seeded(seed))
+    a, b, c = run(7), run(7), run(8)
+    for field in ("response_ids", "lengths", "logprobs", "cand_ids", "cand_weights", "mixed"):
+        assert torch.equal(getattr(a, field), getattr(b, field))
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+@torch.no_grad()
+def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models):
+    hf, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration("gaussian", mix_rate=1.0, top_k=3),
+                       generator=seeded(9), keep_logits=True)
+    assert rollout.mixed.all()
+    assert abs(float(rollout.cand_weights.sum(-1).mean()) - 1.0) < 1e-6
+    # The recorded noise-free mixture does not reproduce the second step: noise was fed.
+    assert (replay_logits(hf, rollout, 0)[1] - rollout.logits[0, 1]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_rows_stop_at_their_stop_token_and_the_loop_exits_early(models):
+    _, ours = models
+    greedy = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30))
+    stop = greedy.responses()[0][2]  # row 0 samples this at step 3
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30, stop_ids=(stop,), pad_id=0))
+    for row, full in enumerate(greedy.responses()):
+        if stop in full:
+            n = full.index(stop) + 1
+            assert rollout.responses()[row] == full[:n] and bool(rollout.finished[row])
+            assert (rollout.response_ids[row, n:] == 0).all()
+        else:
+            assert rollout.responses()[row] == full and not bool(rollout.finished[row])
+    assert rollout.response_ids.shape[1] == int(rollout.lengths.max())
+
+
+def test_neighbor_strategy_without_a_table_is_a_clear_error(models):
+    with pytest.raises(ValueError, match="neighbor_table"):
+        generate(models[1], PROMPTS, Sampling(), Exploration("neighbor"))
