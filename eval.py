@@ -1,0 +1,235 @@
+"""Evaluation with the paper's protocol: n samples per problem, Mean@n and unbiased Pass@k on the benchmarks.
+
+    python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500
+    python eval.py --model tiny --benchmarks ../shared/data/eval/math500.jsonl --limit 6 --n 4 --max-new-tokens 16
+
+Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
+evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
+line per sample) and OUT/results.json (fractions in [0, 1]); prints the table in percent. Work is done in
+batches whose composition and seed depend only on the settings, and each finished batch is appended to
+samples.jsonl at once, so `--resume` after an interruption ends with the same results as one whole run.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import data
+
+# Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
+HUB_BENCHMARKS = {
+    "aime24": ("math-ai/aime24", "test"),
+    "aime25": ("math-ai/aime25", "test"),
+    "amc23": ("math-ai/amc23", "test"),
+    "math500": ("HuggingFaceH4/MATH-500", "test"),
+}
+PASS_KS = (1, 2, 4, 8, 16, 32)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
+    """(name, problems, kind) for a benchmark name or a local file; kind is "choice" for GPQA, else "math"."""
+    path = Path(spec).expanduser()
+    if path.suffix in data.DATA_SUFFIXES or path.exists():
+        name, problems = path.stem, data.load_problems(str(path), limit=limit)
+    elif spec in HUB_BENCHMARKS:
+        repo, split = HUB_BENCHMARKS[spec]
+        name, problems = spec, data.load_problems(repo, split=split, limit=limit)
+    elif spec == "gpqa_diamond":
+        raise data.DataError("gpqa_diamond is gated on the hub: pass the path of a local copy "
+                             "(e.g. ../shared/data/eval/gpqa_diamond.jsonl)")
+    else:
+        raise data.DataError(f"unknown benchmark {spec!r}: use one of {', '.join(HUB_BENCHMARKS)} or a .jsonl/.json path")
+    return name, problems, "choice" if "gpqa" in name.lower() else "math"
+
+
+def summarize(correct: dict[str, list[bool]], n: int) -> dict:
+    """Mean@n (mean accuracy over all samples) and Pass@k for each k <= n, averaged over problems."""
+    counts = [sum(samples) for samples in correct.values()]
+    summary = {"n": n, "problems": len(counts), f"mean@{n}": sum(counts) / (n * len(counts))}
+    for k in (k for k in PASS_KS if k <= n):
+        summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+    return summary
+
+
+def batch_seed(seed: int, benchmark: str, batch_index: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{benchmark}:{batch_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
+             score_fn=None, progress: bool = True) -> dict:
+    """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed) -> texts` in
+    batches sorted by prompt length, scores them with `score_fn(pairs, kind) -> [0/1]`, writes
+    samples.jsonl and results.json under out_dir and returns the results."""
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path = out_dir / "samples.jsonl"
+    done = {}
+    if resume and samples_path.exists():
+        lines = samples_path.read_text().splitlines()
+        for line_no, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if line_no < len(lines):
+                    raise data.DataError(f"{samples_path}:{line_no}: not a sample record; cannot resume") from None
+                break  # the last line of an interrupted write: that batch runs again
+            done[(record["benchmark"], record["problem_id"], record["sample"])] = record
+        partial = samples_path.with_suffix(".partial")
+        partial.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+        os.replace(partial, samples_path)  # never lose finished samples to a second interruption
+    elif samples_path.exists():
+        samples_path.unlink()
+
+    results = {}
+    with samples_path.open("a") as samples_file:
+        for name, problems, kind in benchmarks:
+            items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
+            batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+            bar = tqdm(batches, desc=name, unit="batch", disable=not progress, file=sys.stderr)
+            for batch_index, batch in enumerate(bar):
+                keys = [(name, problems[i]["id"], s) for _, i, s in batch]
+                if all(key in done for key in keys):
+                    continue
+                start = time.perf_counter()
+                texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch],
+                                                batch_seed(seed, name, batch_index))
+                scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
+                for key, text, score in zip(keys, texts, scores):
+                    if key not in done:  # (a batch of another --batch-size may have done part of this one)
+                        done[key] = {"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
+                                     "extracted": extracted_answer(text, kind), "correct": bool(score)}
+                        samples_file.write(json.dumps(done[key]) + "\n")
+                samples_file.flush()  # a finished batch survives an interruption
+                bar.set_postfix(tokens_per_s=f"{num_tokens / (time.perf_counter() - start):.0f}")
+            correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
+            results[name] = summarize(correct, n)
+    math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
+    if math_sets:
+        results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
+                              for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def extracted_answer(text: str, kind: str) -> str | None:
+    import reward
+
+    return reward.extract_choice(text) if kind == "choice" else reward.extract_answer(text)
+
+
+def format_table(results: dict) -> str:
+    columns = [key for key in next(iter(results.values())) if key.startswith(("mean@", "pass@"))]
+    lines = [f"{'benchmark':<16}{'problems':>9}" + "".join(f"{c:>10}" for c in columns)]
+    for name, row in results.items():
+        problems = str(row["problems"]) if "problems" in row else ""
+        lines.append(f"{name:<16}{problems:>9}" + "".join(f"{100 * row[c]:>10.1f}" for c in columns))
+    return "\n".join(lines)
+
+
+def auto_batch_size(model, max_len: int, num_items: int) -> int:
+    """As many sequences as fit in half the free GPU memory as KV cache (16 on a CPU)."""
+    if model.embed_tokens.weight.device.type != "cuda":
+        return min(16, num_items)
+    cfg = model.cfg
+    bytes_per_seq = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_len * model.embed_tokens.weight.element_size()
+    free, _ = torch.cuda.mem_get_info()
+    return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="checkpoint directory, hub id, or 'tiny'")
+    parser.add_argument("--tokenizer", default="", help="tokenizer directory or hub id (default: the model's own)")
+    parser.add_argument("--benchmarks", default="aime24,aime25,amc23,math500",
+                        help="comma-separated names (aime24, aime25, amc23, math500 from the hub) or local "
+                             ".jsonl/.json paths; a file named *gpqa* is scored as multiple choice")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
+    parser.add_argument("--n", type=int, default=32, help="samples per problem")
+    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (0 = greedy)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
+    parser.add_argument("--max-new-tokens", type=int, default=8192, help="maximum response length")
+    parser.add_argument("--batch-size", type=int, default=0, help="sequences per batch (0 = as many as memory allows)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of all sampling")
+    parser.add_argument("--out-dir", default="runs/eval", help="where samples.jsonl and results.json go")
+    parser.add_argument("--resume", action="store_true", help="keep the samples already in OUT/samples.jsonl")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--explore", default="none", choices=["none", "neighbor", "soft", "gaussian"],
+                        help="mixing at inference (the paper's ablation; soft = Soft Thinking)")
+    parser.add_argument("--mix-rate", type=float, default=0.1, help="neighbor / gaussian: mixing probability per step")
+    parser.add_argument("--num-neighbors", type=int, default=1, help="neighbor: neighbors mixed with the anchor")
+    parser.add_argument("--mix-weights", default="code", choices=["code", "renorm"], help="neighbor: mixture weights")
+    parser.add_argument("--neighbor-space", default="output", choices=["output", "input"],
+                        help="neighbor: matrix the neighbors are searched in")
+    parser.add_argument("--neighbor-metric", default="cosine", choices=["cosine", "dot", "l2", "l1"],
+                        help="neighbor: similarity")
+    parser.add_argument("--soft-top-k", type=int, default=10, help="soft / gaussian: tokens in the mixture")
+    parser.add_argument("--noise-sigma", type=float, default=0.33, help="gaussian: noise std / mixture RMS")
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    from model import load_model
+    from reward import RewardPool
+    from rollout import Exploration, Sampling, generate
+
+    try:
+        benchmarks = [load_benchmark(spec.strip(), args.limit) for spec in args.benchmarks.split(",") if spec.strip()]
+    except (data.DataError, OSError) as error:
+        sys.exit(f"error: {error}")
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    model = load_model(args.model, dtype=dtype, device=args.device).eval()
+    tokenizer = data.load_tokenizer(args.tokenizer or args.model)
+    prompted = []
+    for name, problems, kind in benchmarks:
+        kept, _ = data.tokenize_problems(problems, tokenizer, max_prompt_tokens=10**9,
+                                               style="gpqa" if kind == "choice" else "math")
+        prompted.append((name, kept, kind))
+    table = None
+    if args.explore == "neighbor":
+        from neighbors import build_neighbor_table
+
+        matrix = model.output_weight if args.neighbor_space == "output" else model.embed_tokens.weight
+        table = build_neighbor_table(matrix.detach(), args.num_neighbors, args.neighbor_metric)
+    think_end = tokenizer.convert_tokens_to_ids("</think>")
+    exploration = Exploration(args.explore, mix_rate=args.mix_rate, num_neighbors=args.num_neighbors,
+                              weights=args.mix_weights, top_k=args.soft_top_k, noise_sigma=args.noise_sigma,
+                              stop_mixing_id=think_end if isinstance(think_end, int) and think_end >= 0 else None)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                        stop_ids=(tokenizer.eos_token_id,), pad_id=tokenizer.pad_token_id or 0)
+    longest = max(len(p["prompt_ids"]) for _, problems, _ in prompted for p in problems)
+    batch_size = args.batch_size or auto_batch_size(model, longest + args.max_new_tokens,
+                                                    sum(len(p) for _, p, _ in prompted) * args.n)
+
+    def generate_fn(prompts, seed):
+        generator = torch.Generator(args.device).manual_seed(seed)
+        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator)
+        responses = rollout.responses()
+        return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
+
+    with RewardPool() as pool:
+        results = evaluate(prompted, generate_fn, n=args.n, out_dir=args.out_dir, batch_size=batch_size,
+                           seed=args.seed, resume=args.resume, score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+    print(format_table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

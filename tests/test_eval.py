@@ -1,0 +1,185 @@
+"""eval.py: the Pass@k estimator on its whole grid, results on the real benchmark files against hand counts,
+resume after an interruption, and the offline CLI run on the tiny model."""
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import data
+import eval as E
+from reward import choice_reward, math_reward
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pass_at_k_by_product(n, c, k):
+    """P(a random k-subset of n samples holds a correct one) = 1 - prod_i (n-c-i)/(n-i): another road to it."""
+    miss = 1.0
+    for i in range(k):
+        miss *= max(n - c - i, 0) / (n - i)
+    return 1.0 - miss
+
+
+def test_pass_at_k_on_the_whole_grid():
+    for n in range(1, 33):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert abs(E.pass_at_k(n, c, k) - pass_at_k_by_product(n, c, k)) < 1e-12
+
+
+def test_pass_at_k_by_enumerating_subsets():
+    n = 6
+    for c in range(n + 1):
+        correct = set(range(c))
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(range(n), k))
+            hit = sum(bool(correct & set(s)) for s in subsets) / len(subsets)
+            assert E.pass_at_k(n, c, k) == pytest.approx(hit, abs=1e-12)
+    assert E.pass_at_k(32, 0, 1) == 0.0 and E.pass_at_k(32, 1, 32) == 1.0
+
+
+def test_mean_is_the_mean_accuracy():
+    summary = E.summarize({"a": [True, False, False, False], "b": [True, True, True, False]}, 4)
+    assert summary["mean@4"] == 4 / 8
+    assert summary["pass@1"] == (1 / 4 + 3 / 4) / 2
+    assert set(summary) == {"n", "problems", "mean@4", "pass@1", "pass@2", "pass@4"}
+
+
+def score(pairs, kind):
+    reward = choice_reward if kind == "choice" else math_reward
+    return [reward(response, answer) for response, answer in pairs]
+
+
+class StandIn:
+    """Answers by plan instead of by model: problem i gets the reference answer on all n samples when
+    i % 3 == 0, on samples 0 and 1 only when i % 3 == 1, and never when i % 3 == 2."""
+
+    def __init__(self, benchmarks):
+        self.by_prompt = {tuple(p["prompt_ids"]): (i, p, kind) for _, problems, kind in benchmarks
+                          for i, p in enumerate(problems)}
+        self.seen = {}
+
+    def __call__(self, prompts, seed):
+        texts = []
+        for prompt in prompts:
+            i, problem, kind = self.by_prompt[tuple(prompt)]
+            sample = self.seen[tuple(prompt)] = self.seen.get(tuple(prompt), -1) + 1
+            right = i % 3 == 0 or (i % 3 == 1 and sample < 2)
+            if kind == "choice":
+                letter = problem["answer"] if right else "ABCD"[("ABCD".index(problem["answer"]) + 1) % 4]
+                texts.append(f"Let me think.\nAnswer: {letter}")
+            else:
+                texts.append(f"So the answer is $\\boxed{{{problem['answer'] if right else '-987654321'}}}$.")
+        return texts, 0
+
+
+def load_all(shared_data, names, limit=None):
+    tokenizer = data.tiny_tokenizer()
+    benchmarks = []
+    for name in names:
+        bench, problems, kind = E.load_benchmark(str(shared_data / "eval" / f"{name}.jsonl"), limit)
+        kept, _ = data.tokenize_problems(problems, tokenizer, max_prompt_tokens=10**9,
+                                         style="gpqa" if kind == "choice" else "math")
+        benchmarks.append((bench, kept, kind))
+    return benchmarks
+
+
+def test_results_equal_the_hand_count_on_the_real_files(shared_data, tmp_path):
+    names = ["aime24", "aime25", "amc23", "math500", "gpqa_diamond"]
+    benchmarks = load_all(shared_data, names)
+    results = E.evaluate(benchmarks, StandIn(benchmarks), n=4, out_dir=tmp_path, batch_size=64, score_fn=score,
+                         progress=False)
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    for name, count in zip(names, [30, 30, 40, 500, 198]):
+        all_right, two_right = len(range(0, count, 3)), len(range(1, count, 3))
+        row = results[name]
+        assert (row["n"], row["problems"]) == (4, count)
+        assert row["mean@4"] == pytest.approx((4 * all_right + 2 * two_right) / (4 * count), abs=1e-12)
+        # c = 2 of n = 4: pass@1 = 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6, pass@4 = 1.
+        assert row["pass@1"] == pytest.approx((all_right + two_right / 2) / count, abs=1e-12)
+        assert row["pass@2"] == pytest.approx((all_right + two_right * 5 / 6) / count, abs=1e-12)
+        assert row["pass@4"] == pytest.approx((all_right + two_right) / count, abs=1e-12)
+    math_rows = [results[name] for name in names[:4]]
+    assert results["average"]["pass@4"] == pytest.approx(sum(r["pass@4"] for r in math_rows) / 4, abs=1e-12)
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * (30 + 30 + 40 + 500 + 198)
+    assert {"benchmark", "problem_id", "sample", "response", "extracted", "correct"} <= set(samples[0])
+
+
+def test_aime_zero_padding_and_gpqa_letters_score_right(shared_data, tmp_path):
+    benchmarks = load_all(shared_data, ["aime24", "gpqa_diamond"], limit=None)
+    aime = benchmarks[0][1]
+    padded = next(p for p in aime if p["answer"] == "025")
+    assert math_reward("... so the answer is \\boxed{25}.", padded["answer"]) == 1.0
+    gpqa = benchmarks[1][1]
+    assert choice_reward("I pick (C).\nAnswer: C", "C") == 1.0
+    assert choice_reward("Answer: B", gpqa[0]["answer"]) == float(gpqa[0]["answer"] == "B")
+    samples_dir = tmp_path / "gpqa"
+    E.evaluate([benchmarks[1]], StandIn([benchmarks[1]]), n=2, out_dir=samples_dir, batch_size=50, score_fn=score,
+               progress=False)
+    samples = [json.loads(line) for line in (samples_dir / "samples.jsonl").read_text().splitlines()]
+    by_id = {p["id"]: p["answer"] for p in gpqa}
+    assert all(s["extracted"] == by_id[s["problem_id"]] for s in samples if s["correct"])
+
+
+class Interrupted(Exception):
+    pass
+
+
+def seeded_stand_in(stop_after=None):
+    """Correct or not by a coin that depends on the batch seed, so resume must reproduce the seeds."""
+    calls = []
+
+    def generate_fn(prompts, seed):
+        if stop_after is not None and len(calls) == stop_after:
+            raise Interrupted
+        calls.append(seed)
+        return [f"\\boxed{{{(seed >> i) & 1}}}" for i in range(len(prompts))], 0
+
+    return generate_fn, calls
+
+
+def test_resume_after_an_interruption_gives_the_same_results(tmp_path):
+    tokenizer = data.tiny_tokenizer()
+    problems = [{"id": str(i), "problem": "x" * (i % 5 + 1), "answer": str(i % 2)} for i in range(20)]
+    problems, _ = data.tokenize_problems(problems, tokenizer, max_prompt_tokens=1000)
+    benchmarks = [("toy", problems, "math")]
+    whole_fn, _ = seeded_stand_in()
+    whole = E.evaluate(benchmarks, whole_fn, n=4, out_dir=tmp_path / "whole", batch_size=7, seed=3, score_fn=score,
+                       progress=False)
+    cut_fn, _ = seeded_stand_in(stop_after=5)
+    with pytest.raises(Interrupted):
+        E.evaluate(benchmarks, cut_fn, n=4, out_dir=tmp_path / "cut", batch_size=7, seed=3, score_fn=score,
+                   progress=False)
+    with (tmp_path / "cut" / "samples.jsonl").open("a") as f:
+        f.write('{"benchmark": "toy", "probl')  # a write cut short by the interruption
+    rest_fn, rest_calls = seeded_stand_in()
+    resumed = E.evaluate(benchmarks, rest_fn, n=4, out_dir=tmp_path / "cut", batch_size=7, seed=3, score_fn=score,
+                         resume=True, progress=False)
+    assert len(rest_calls) == math.ceil(80 / 7) - 5  # only the batches not yet done ran
+    assert resumed == whole
+    assert (tmp_path / "cut" / "results.json").read_text() == (tmp_path / "whole" / "results.json").read_text()
+
+
+def test_unknown_benchmark_and_gated_gpqa_are_clear_errors():
+    with pytest.raises(data.DataError, match="unknown benchmark"):
+        E.load_benchmark("aime2099", None)
+    with pytest.raises(data.DataError, match="local copy"):
+        E.load_benchmark("gpqa_diamond", None)
+
+
+def test_cli_runs_offline_on_the_tiny_model(shared_data, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "eval.py", "--model", "tiny", "--benchmarks", str(shared_data / "eval" / "math500.jsonl"),
+               "--limit", "6", "--n", "4", "--max-new-tokens", "16", "--out-dir", str(out), "--device", "cpu"]
+    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert (results["math500"]["n"], results["math500"]["problems"]) == (4, 6)
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 24
+    assert "math500" in finished.stdout and "pass@4" in finished.stdout
