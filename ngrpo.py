@@ -1,18 +1,155 @@
-"""The N-GRPO algorithm: what training does with a Rollout.
+"""The N-GRPO algorithm: what training does with a Rollout (DESIGN.md §3, "GRPO update").
 
-For now the one piece the sampler shares with training: `mixed_embeddings`, the input the model sees at a
-response position. The sampler builds its inputs with it and training replays the recorded candidates
-through it, so the two see the same numbers (DESIGN.md §3 step 7).
+    rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
+            -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL)
+
+Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the
+one formula both sides use), so the policy is scored on the inputs it actually saw; gradients reach E
+through the mixtures. Sequences are laid out [prompt | response] and right-padded, so plain causal
+attention is exact for every real token. The loss is a token mean over all response tokens of the
+mini-batch: each micro-batch divides by the mini-batch's token count, so the gradient does not depend on
+how the mini-batch is split.
 """
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
     """sum_c w_c E[c] over the last axis: [..., K] ids and weights -> [..., d] in the embedding's dtype.
 
-    A step that was not mixed holds ([y, *], [1, 0, ...]) and gives exactly E[y]: 1·x and 0·z are exact and
-    so is their sum. The sum runs in fp32 so that a bf16 sampler and an fp32 replay round only once."""
+    A step that was not mixed holds ([y, y, ...], [1, 0, ...]) and gives exactly E[y]: 1·x and 0·x are
+    exact and so is their sum. The sum runs in fp32 so that a bf16 sampler and an fp32 replay round once."""
     rows = embed_weight[cand_ids]  # [..., K, d]
     mixed = (cand_weights.unsqueeze(-1).float() * rows.float()).sum(-2)  # [..., d]
     return mixed.to(embed_weight.dtype)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean_G r) / (std_G r + eps) with the unbiased std, per group of `group_size` consecutive rewards.
+
+    >>> group_advantages(torch.tensor([1., 0., 0., 0.]), 4)   # mean 0.25, std 0.5
+    tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
+    A group whose rewards are all equal gets 0; so does a group of one."""
+    groups = rewards.float().view(-1, group_size)  # [N / G, G]
+    centred = groups - groups.mean(-1, keepdim=True)
+    if scale == "std" and group_size > 1:
+        centred = centred / (groups.std(-1, keepdim=True) + eps)
+    return centred.flatten()
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(policy || reference): exp(d) - d - 1 with d = ref - logp clamped to
+    [-20, 20], the result clamped to [-10, 10] (the released code's low-variance KL)."""
+    diff = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (diff.exp() - diff - 1.0).clamp(-10.0, 10.0)
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, num_tokens=None):
+    """Clipped policy-gradient loss (+ kl_coef * k3 KL) summed over the tokens of `mask` and divided by
+    num_tokens (default: mask.sum(); pass the whole mini-batch's count when this is one micro-batch).
+
+    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. cfg supplies loss ("grpo": token ratio,
+    "gspo": sequence ratio exp(mean_t(logp - old_logp))), clip_low, clip_high, dual_clip, kl_coef.
+    Returns (loss, metrics); each metric is a sum over tokens / num_tokens, so micro-batches add up."""
+    mask = mask.float()
+    num_tokens = mask.sum() if num_tokens is None else num_tokens
+    log_ratio = logp - old_logp
+    if cfg.loss == "gspo":
+        # One ratio per sequence; its gradient flows to every token through the mean.
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp_min(1.0))[:, None].expand_as(logp)
+    ratio = log_ratio.clamp(-20.0, 20.0).exp()
+    adv = advantages[:, None].float()  # [B, 1]
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    token_loss = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(token_loss, dtype=torch.bool)
+    if cfg.dual_clip > 0:
+        # For A < 0 a huge ratio would make the loss unbounded: cap it at -c * A.
+        dual = (adv < 0) & (token_loss > -cfg.dual_clip * adv)
+        token_loss = torch.where(dual, -cfg.dual_clip * adv, token_loss)
+    pg_loss = (token_loss * mask).sum() / num_tokens
+    with torch.no_grad():
+        metrics = {
+            "pg_loss": pg_loss.detach(),
+            "clip_frac_high": (((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float() * mask).sum() / num_tokens,
+            "clip_frac_low": (((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float() * mask).sum() / num_tokens,
+            "dual_clip_frac": (dual.float() * mask).sum() / num_tokens,
+            "ratio_mean": (ratio * mask).sum() / num_tokens,
+        }
+    loss = pg_loss
+    if ref_logp is not None and cfg.kl_coef > 0:
+        kl = (k3_kl(logp, ref_logp) * mask).sum() / num_tokens
+        loss = loss + cfg.kl_coef * kl
+        metrics["kl"] = kl.detach()
+    metrics["loss"] = loss.detach()
+    return loss, metrics
+
+
+def _chunk_logprobs(hidden, weight, labels, temperature):
+    logits = F.linear(hidden, weight).float() / temperature  # [c, V]: the only vocabulary-sized tensor
+    log_norm = logits.logsumexp(-1)
+    logp = logits.gather(-1, labels[:, None])[:, 0] - log_norm
+    with torch.no_grad():
+        entropy = log_norm - (logits.softmax(-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
+                   chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(label) and the full-vocabulary entropy at each position, from hidden states [..., d] and the
+    output matrix [V, d], at the sampling temperature. [...] each; the entropy carries no gradient.
+
+    Logits exist for `chunk_tokens` positions at a time, and under autograd each chunk is recomputed in
+    the backward pass instead of stored, so memory is O(chunk_tokens x V), never O(B x T x V)."""
+    shape = labels.shape
+    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    logps, entropies = [], []
+    for start in range(0, labels.shape[0], chunk_tokens):
+        args = (hidden[start : start + chunk_tokens], weight, labels[start : start + chunk_tokens], temperature)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            logp, entropy = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            logp, entropy = _chunk_logprobs(*args)
+        logps.append(logp)
+        entropies.append(entropy)
+    return torch.cat(logps).view(shape), torch.cat(entropies).view(shape)
+
+
+def replay_inputs(embed_weight: torch.Tensor, prompts: list[list[int]], cand_ids: torch.Tensor,
+                  cand_weights: torch.Tensor, lengths: torch.Tensor):
+    """The training forward's inputs for rollout rows: [prompt | fed response inputs], right-padded.
+
+    Returns inputs_embeds [B, L, d] and pred_pos [B, T]: the position whose output predicts response
+    token t (prompt length - 1 + t). The input after the last response token is never needed."""
+    device = embed_weight.device
+    B, T = cand_ids.shape[:2]
+    prompt_lens = torch.tensor([len(p) for p in prompts], device=device)
+    L = int((prompt_lens + lengths.to(device) - 1).max())
+    positions = torch.arange(L, device=device)
+    # Position j of row b holds prompt token j while j < P_b, then the input fed at response step j - P_b.
+    step = (positions[None] - prompt_lens[:, None]).clamp(0, T - 1)  # [B, L]
+    in_prompt = positions[None] < prompt_lens[:, None]
+    prompt_ids = torch.zeros(B, L, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        prompt_ids[row, : len(prompt)] = torch.tensor(prompt, device=device)
+    ids = torch.where(in_prompt[..., None], prompt_ids[..., None], cand_ids.to(device).gather(
+        1, step[..., None].expand(-1, -1, cand_ids.shape[-1])))  # [B, L, K]
+    weights = cand_weights.to(device).gather(1, step[..., None].expand(-1, -1, cand_weights.shape[-1]))
+    first = torch.zeros_like(weights)
+    first[..., 0] = 1.0
+    weights = torch.where(in_prompt[..., None], first, weights)  # a prompt token: its own row, weight 1
+    pred_pos = (prompt_lens[:, None] - 1 + torch.arange(T, device=device)[None]).clamp(max=L - 1)  # [B, T]
+    return mixed_embeddings(embed_weight, ids, weights), pred_pos
+
+
+def sequence_logprobs(model, prompts, cand_ids, cand_weights, lengths, response_ids, *, temperature: float = 1.0,
+                      chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replays rollout rows through `model` and returns (log p of each response token, entropy), [B, T]
+    each; positions past a row's length hold values that the response mask ignores."""
+    inputs, pred_pos = replay_inputs(model.embed_tokens.weight, prompts, cand_ids, cand_weights, lengths)
+    hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
+    hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
+    return token_logprobs(hidden, model.output_weight, response_ids.to(hidden.device), temperature=temperature,
+                          chunk_tokens=chunk_tokens)

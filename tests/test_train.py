@@ -1,0 +1,182 @@
+"""train.py end to end on the CPU: learning goes the right way, exact resume, crash-safe checkpoints,
+and bad input that stops with one clear message (or, for a non-finite loss, skips the step)."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from config import preset
+from data import load_problems, tiny_tokenizer, tokenize_problems
+from model import TINY_CONFIG, load_model, random_model, save_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
+
+
+def tiny(tmp_path, **overrides):
+    """The tiny preset, small and quick: 8 prompts x 4 responses per step, 16-token responses."""
+    base = dict(out_dir=str(tmp_path / "run"), prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=8,
+                max_new_tokens=16, max_steps=2)
+    return replace(preset("tiny"), **{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory):
+    """The demo's starting point, shortened: the random tiny model after a teacher-forced warm start."""
+    path = tmp_path_factory.mktemp("warm")
+    tokenizer = tiny_tokenizer()
+    cfg = replace(preset("demo"), sft_steps=300)
+    model = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=0)
+    problems, _ = tokenize_problems(load_problems("arith"), tokenizer, max_prompt_tokens=256, final_period=False)
+    train.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"))
+    save_model(model, path, tokenizer)
+    return path
+
+
+def short_demo(tmp_path, warm_model, **overrides):
+    cfg = replace(preset("demo"), model=str(warm_model), tokenizer=str(warm_model), sft_steps=0, max_steps=30,
+                  eval_problems=100, eval_every=0, log_completions_every=0, lr=3e-4, out_dir=str(tmp_path / "demo"))
+    return train.run(replace(cfg, **overrides))
+
+
+def test_training_raises_held_out_accuracy(tmp_path, warm_model):
+    summary = short_demo(tmp_path, warm_model)
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05
+
+
+def test_flipped_advantages_lower_accuracy(tmp_path, warm_model, monkeypatch):
+    """The loss points the right way: pushing against the advantage must unlearn."""
+    real = train.group_advantages
+    monkeypatch.setattr(train, "group_advantages", lambda *args, **kwargs: -real(*args, **kwargs))
+    summary = short_demo(tmp_path, warm_model, max_steps=10)
+    assert summary["accuracy_after"] <= summary["accuracy_before"] - 0.05
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight = tiny(tmp_path, out_dir=str(tmp_path / "straight"), max_steps=4, save_every=2)
+    train.run(straight)
+    cut = tiny(tmp_path, out_dir=str(tmp_path / "cut"), max_steps=2, save_every=2)
+    train.run(cut)
+    train.run(replace(cut, max_steps=4, resume=True))
+    assert read_metrics(tmp_path / "cut") == read_metrics(tmp_path / "straight")
+    a = load_model(str(tmp_path / "straight" / "checkpoints" / "step-4"), dtype=torch.float32, device="cpu")
+    b = load_model(str(tmp_path / "cut" / "checkpoints" / "step-4"), dtype=torch.float32, device="cpu")
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+KILL_DURING_SECOND_SAVE = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import train, model
+from config import parse_config
+calls = []
+real_save = model.save_model
+def save_then_die(m, out_dir, tokenizer=None, **kwargs):
+    calls.append(out_dir)
+    real_save(m, out_dir, tokenizer, **kwargs)
+    if len(calls) == 2:  # the step-2 checkpoint: weights written, trainer state not yet, then SIGKILL
+        os.kill(os.getpid(), signal.SIGKILL)
+train.save_model = save_then_die
+train.run(parse_config(sys.argv[1:]))
+"""
+
+
+def test_sigkill_while_checkpointing_leaves_the_previous_one_and_resume_works(tmp_path):
+    args = ["--preset", "tiny", "--out-dir", str(tmp_path / "run"), "--max-steps", "3", "--save-every", "1",
+            "--prompts-per-step", "8", "--mini-batch-prompts", "4", "--max-new-tokens", "16"]
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_SECOND_SAVE.format(root=str(ROOT)), *args],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert [d.name for d in train.checkpoint_dirs(tmp_path / "run")] == ["step-1"]
+    assert any(d.name.startswith(".step-2-") for d in checkpoints.iterdir())  # the half-written one
+    load_model(str(checkpoints / "step-1"), dtype=torch.float32, device="cpu")  # still loadable
+    resumed = subprocess.run([sys.executable, "train.py", *args, "--resume"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr and "(step 1)" in resumed.stderr
+    assert [d.name for d in train.checkpoint_dirs(tmp_path / "run")] == ["step-2", "step-3"]  # keep_last 2
+    assert not any(d.name.startswith(".step-") for d in checkpoints.iterdir())
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_missing_model_is_one_clear_message(tmp_path):
+    with pytest.raises(SystemExit, match="cannot load --model"):
+        train.run(tiny(tmp_path, model=str(tmp_path / "nowhere"), tokenizer="tiny"))
+
+
+def test_empty_dataset_is_one_clear_message(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="no problems"):
+        train.run(tiny(tmp_path, data=str(tmp_path / "empty.jsonl")))
+
+
+def test_malformed_dataset_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": 4\n')
+    with pytest.raises(SystemExit, match=f"{path}:2: invalid JSON"):
+        train.run(tiny(tmp_path, data=str(path)))
+
+
+def test_prompts_over_the_limit_are_dropped_and_counted(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(8)] + [{"problem": "9" * 500, "answer": "9"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = train.run(tiny(tmp_path, data=str(path), max_steps=1))
+    assert summary["prompts_dropped"] == 1 and summary["prompts"] == 8
+    assert read_metrics(tmp_path / "run")[0]["prompts_dropped"] == 1
+
+
+def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatch):
+    real = train.policy_loss
+    calls = []
+
+    def sometimes_nan(*args, **kwargs):
+        calls.append(1)
+        loss, metrics = real(*args, **kwargs)
+        return (loss * float("nan") if len(calls) == 1 else loss), metrics
+
+    monkeypatch.setattr(train, "policy_loss", sometimes_nan)
+    cfg = tiny(tmp_path, max_steps=2)
+    before = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=cfg.seed).state_dict()
+    train.run(cfg)
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["skipped_minibatches"] for m in metrics] == [1, 0]  # step 1: its first mini-batch; step 2: none
+    after = load_model(str(tmp_path / "run" / "checkpoints" / "step-2"), dtype=torch.float32, device="cpu")
+    assert all(torch.isfinite(p).all() for p in after.parameters())
+    assert any(not torch.equal(before[k], v) for k, v in after.state_dict().items())
+
+
+def test_three_non_finite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
+    real = train.policy_loss
+    monkeypatch.setattr(train, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
+    with pytest.raises(SystemExit, match="3 steps in a row had a non-finite loss"):
+        train.run(tiny(tmp_path, max_steps=5))
+    assert len(read_metrics(tmp_path / "run")) == 3
+
+
+def test_outputs_of_a_run(tmp_path):
+    summary = train.run(tiny(tmp_path, max_steps=2, kl_coef=0.01))  # with a reference model and a KL term
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert json.loads((run_dir / "config.json").read_text())["max_steps"] == 2
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    for key in ("step", "reward_mean", "loss", "accuracy", "zero_variance_groups", "response_len_mean",
+                "response_len_max", "truncated_frac", "kl", "pg_loss", "clip_frac_low", "clip_frac_high",
+                "entropy", "grad_norm", "lr", "mix_rate", "mix_distance", "logp_gap_mean", "logp_gap_max",
+                "rollout_s", "score_s", "update_s", "rollout_tokens_per_s"):
+        assert key in first, key
+    assert first["logp_gap_max"] < 1e-4  # on CPU the sampler is the policy: replay sees the same numbers
+    assert 0.0 < first["mix_rate"] < 0.3  # neighbor mixing at rate 0.1
