@@ -194,9 +194,12 @@ def main(argv=None) -> dict:
         benchmarks = [load_benchmark(spec.strip(), args.limit) for spec in args.benchmarks.split(",") if spec.strip()]
     except (data.DataError, OSError) as error:
         sys.exit(f"error: {error}")
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = load_model(args.model, dtype=dtype, device=args.device).eval()
-    tokenizer = data.load_tokenizer(args.tokenizer or args.model)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    try:
+        model = load_model(args.model, dtype=dtype, device=args.device).eval()
+        tokenizer = data.load_tokenizer(args.tokenizer or args.model)
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: cannot load --model {args.model!r}: {error}")
     prompted = []
     for name, problems, kind in benchmarks:
         kept, _ = data.tokenize_problems(problems, tokenizer, max_prompt_tokens=10**9,
