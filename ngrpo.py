@@ -88,11 +88,12 @@ def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, num_tok
 
 
 def _chunk_logprobs(hidden, weight, labels, temperature):
-    logits = F.linear(hidden, weight).float() / temperature  # [c, V]: the only vocabulary-sized tensor
-    log_norm = logits.logsumexp(-1)
-    logp = logits.gather(-1, labels[:, None])[:, 0] - log_norm
+    if temperature != 1.0:  # (h / tau) W^T = (h W^T) / tau, with d divisions per position instead of V
+        hidden = hidden / temperature
+    log_probs = F.linear(hidden, weight).float().log_softmax(-1)  # [c, V]: the only vocabulary-sized tensor
+    logp = log_probs.gather(-1, labels[:, None])[:, 0]
     with torch.no_grad():
-        entropy = log_norm - (logits.softmax(-1) * logits).sum(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
     return logp, entropy
 
 

@@ -1,0 +1,386 @@
+"""ngrpo.py (and train.backward_minibatch): the GRPO update of DESIGN.md §3 against numbers computed by hand,
+the chunked log-probs against a plain full log_softmax, replay against the sampler's own log-probs, and a
+mini-batch gradient that does not depend on how it is split into micro-batches.
+
+Every expected number below is worked out from the formulas in plain Python on literal inputs."""
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import model as M
+import ngrpo
+import train
+from config import Config
+from neighbors import build_neighbor_table
+from rollout import Exploration, Sampling, generate
+
+PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41], [100, 101]]
+STOP_IDS = tuple(range(0, 262, 9))  # 30 of the tiny vocabulary's 262 ids: rows end early, at different steps
+
+
+def cfg(**overrides) -> Config:
+    """The paper's defaults (clip 0.2 / 0.2, dual clip 3, kl 0.01, grpo) with some fields changed."""
+    return dataclasses.replace(Config(), **overrides)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def loss_and_grad(log_ratios, advantages, mask=None, ref_diffs=None, **overrides):
+    """policy_loss on rows of tokens whose log-ratios logp - old_logp are given; returns (loss, metrics,
+    d loss / d logp). logp is -1 everywhere, so old_logp = -1 - log_ratio; ref_logp = logp + ref_diff."""
+    log_ratios = torch.tensor(log_ratios, dtype=torch.float32)
+    logp = torch.full_like(log_ratios, -1.0, requires_grad=True)
+    old_logp = -1.0 - log_ratios
+    mask = torch.ones_like(log_ratios) if mask is None else torch.tensor(mask, dtype=torch.float32)
+    ref_logp = None if ref_diffs is None else -1.0 + torch.tensor(ref_diffs, dtype=torch.float32)
+    loss, metrics = ngrpo.policy_loss(logp, old_logp, torch.tensor(advantages), mask, ref_logp=ref_logp,
+                                      cfg=cfg(kl_coef=0.0, **overrides) if ref_diffs is None else cfg(**overrides))
+    loss.backward()
+    return float(loss.detach()), {k: float(v) for k, v in metrics.items()}, logp.grad
+
+
+def assert_close(actual, expected, tol=1e-6):
+    actual = actual.flatten().tolist() if isinstance(actual, torch.Tensor) else actual
+    expected = expected if isinstance(expected, list) else [expected]
+    actual = actual if isinstance(actual, list) else [actual]
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert abs(a - e) <= tol * max(1.0, abs(e)), (actual, expected)
+
+
+# ---------------------------------------------------------------------------------------------- advantages
+
+
+def test_advantages_are_centred_and_divided_by_the_unbiased_group_std():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    # Group 1: mean 0.25, deviations (0.75, -0.25, -0.25, -0.25), unbiased variance (0.5625 + 3 * 0.0625) / 3 = 0.25.
+    std1 = math.sqrt((0.75**2 + 3 * 0.25**2) / 3)
+    # Group 2: mean 0.5, deviations +-0.5, unbiased variance 4 * 0.25 / 3.
+    std2 = math.sqrt(4 * 0.25 / 3)
+    expected = ([0.75 / (std1 + 1e-6)] + [-0.25 / (std1 + 1e-6)] * 3
+                + [d / (std2 + 1e-6) for d in (-0.5, 0.5, 0.5, -0.5)])
+    assert std1 == 0.5
+    assert_close(ngrpo.group_advantages(rewards, 4), expected)
+
+
+def test_a_group_with_equal_rewards_gets_zero_advantage():
+    advantages = ngrpo.group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 4)
+    assert advantages.tolist() == [0.0] * 8
+
+
+def test_a_group_of_one_gets_zero_advantage():
+    advantages = ngrpo.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1)
+    assert advantages.tolist() == [0.0, 0.0, 0.0]  # not NaN: the std of one sample is undefined
+
+
+def test_advantage_scale_none_only_centres():
+    advantages = ngrpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0]), 2, scale="none")
+    assert_close(advantages, [0.5, -0.5, 0.0, 0.0, 1.0, -1.0])
+    assert_close(ngrpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, scale="none"),
+                 [0.75, -0.25, -0.25, -0.25])
+
+
+# ------------------------------------------------------------------------------------ clipped policy loss
+
+
+def test_positive_advantage_above_the_ceiling_is_clipped_with_no_gradient():
+    loss, metrics, grad = loss_and_grad([[math.log(1.5)]], [2.0])
+    assert_close(loss, -2.0 * 1.2)  # max(-2 * 1.5, -2 * clip(1.5, 0.8, 1.2)) = -2.4
+    assert grad.tolist() == [[0.0]]
+    assert metrics["clip_frac_high"] == 1.0 and metrics["clip_frac_low"] == 0.0
+
+
+def test_positive_advantage_inside_the_range_has_gradient_minus_a_ratio_over_tokens():
+    loss, metrics, grad = loss_and_grad([[math.log(1.1), math.log(0.9)]], [2.0])
+    assert_close(loss, (-2.0 * 1.1 - 2.0 * 0.9) / 2)
+    # d/dlogp of -A * exp(logp - old) / N = -A * ratio / N, N = 2 tokens
+    assert_close(grad, [-2.0 * 1.1 / 2, -2.0 * 0.9 / 2])
+    assert metrics["clip_frac_high"] == 0.0 and metrics["clip_frac_low"] == 0.0
+
+
+def test_positive_advantage_below_the_floor_is_not_clipped():
+    # The pessimistic max keeps -A * 0.5 = -1 over -A * 0.8 = -1.6: the gradient still pushes the ratio up.
+    loss, _, grad = loss_and_grad([[math.log(0.5)]], [2.0])
+    assert_close(loss, -1.0)
+    assert_close(grad, [-2.0 * 0.5])
+
+
+def test_negative_advantage_below_the_floor_is_clipped_with_no_gradient():
+    loss, metrics, grad = loss_and_grad([[math.log(0.5)]], [-1.0])
+    assert_close(loss, 1.0 * 0.8)  # max(0.5, 0.8)
+    assert grad.tolist() == [[0.0]]
+    assert metrics["clip_frac_low"] == 1.0 and metrics["clip_frac_high"] == 0.0
+
+
+def test_negative_advantage_above_the_ceiling_is_not_clipped_below_the_dual_bound():
+    loss, metrics, grad = loss_and_grad([[math.log(2.0)]], [-1.0])
+    assert_close(loss, 2.0)  # max(2.0, 1.2) = 2.0 < 3 * 1
+    assert_close(grad, [1.0 * 2.0])  # -A * ratio
+    assert metrics["dual_clip_frac"] == 0.0
+
+
+def test_dual_clip_caps_a_negative_advantage_loss_at_c_times_abs_a():
+    loss, metrics, grad = loss_and_grad([[math.log(10.0)]], [-1.5])
+    assert_close(loss, 3 * 1.5)  # max(15, 1.8) = 15 > 3 * 1.5
+    assert grad.tolist() == [[0.0]]
+    assert metrics["dual_clip_frac"] == 1.0
+
+
+def test_dual_clip_zero_turns_it_off():
+    loss, metrics, grad = loss_and_grad([[math.log(10.0)]], [-1.5], dual_clip=0.0)
+    assert_close(loss, 15.0, tol=1e-5)
+    assert_close(grad, [15.0], tol=1e-5)
+    assert metrics["dual_clip_frac"] == 0.0
+
+
+def test_clip_higher_is_asymmetric():
+    # clip_low 0.2, clip_high 0.28: the range is [0.8, 1.28].
+    ratios, advantages = [1.25, 1.3, 0.75, 0.85], [1.0, 1.0, -1.0, -1.0]
+    loss, metrics, grad = loss_and_grad([[math.log(r)] for r in ratios], advantages, clip_low=0.2, clip_high=0.28)
+    # 1.25 inside (was clipped at 1.2); 1.3 clipped to 1.28; 0.75 clipped to 0.8 (A < 0); 0.85 inside.
+    assert_close(loss, (-1.25 - 1.28 + 0.8 + 0.85) / 4)
+    assert_close(grad, [-1.25 / 4, 0.0, 0.0, 0.85 / 4])
+    assert metrics["clip_frac_high"] == 0.25 and metrics["clip_frac_low"] == 0.25
+
+
+def test_clip_fractions_count_masked_tokens_over_the_mini_batch():
+    ratios = [[1.5, 1.0, 0.5], [0.5, 5.0, 0.5]]
+    mask = [[1, 1, 1], [1, 1, 0]]  # 5 tokens; the last one of row 2 would count as low-clipped
+    _, metrics, _ = loss_and_grad([[math.log(r) for r in row] for row in ratios], [1.0, -1.0], mask=mask)
+    # Row 1, A > 0: 1.5 is over the ceiling; 0.5 is under the floor but A > 0 does not clip there.
+    # Row 2, A < 0: 0.5 is under the floor; 5.0 > 1 + 0.2 and -A * 5 = 5 > 3: dual-clipped.
+    assert_close(metrics["clip_frac_high"], 1 / 5)
+    assert_close(metrics["clip_frac_low"], 1 / 5)
+    assert_close(metrics["dual_clip_frac"], 1 / 5)
+    assert_close(metrics["ratio_mean"], (1.5 + 1.0 + 0.5 + 0.5 + 5.0) / 5)
+
+
+# ------------------------------------------------------------------------------------------------- GSPO
+
+
+def test_gspo_ratio_is_exp_of_the_mean_log_ratio_over_masked_tokens():
+    # The masked fourth token's log-ratio (7) must not enter the mean.
+    loss, metrics, grad = loss_and_grad([[0.1, -0.05, 0.25, 7.0]], [1.0], mask=[[1, 1, 1, 0]], loss="gspo")
+    sequence_ratio = math.exp((0.1 - 0.05 + 0.25) / 3)  # 1.105, inside [0.8, 1.2]
+    assert_close(metrics["ratio_mean"], sequence_ratio)
+    assert_close(loss, -sequence_ratio)  # each of the 3 tokens: -A * s, token mean over 3
+    # loss = -A * s with s = exp(mean of 3 log-ratios): d/dlogp_t = -A * s / 3 for each masked-in token
+    assert_close(grad, [-sequence_ratio / 3] * 3 + [0.0])
+
+
+def test_gspo_clips_the_sequence_ratio_not_each_token():
+    # Token ratios 1.1 / e = 0.40 and 1.1 * e = 2.99 (the second would be clipped per token); their
+    # mean log-ratio is log(1.1): the sequence ratio 1.1 is inside the range.
+    loss, metrics, _ = loss_and_grad([[math.log(1.1) - 1.0, math.log(1.1) + 1.0]], [1.0], loss="gspo")
+    assert_close(loss, -1.1)
+    assert metrics["clip_frac_high"] == 0.0
+    # Mean log-ratio log(1.5): the sequence ratio is clipped to 1.2 at every token, with no gradient.
+    loss, metrics, grad = loss_and_grad([[math.log(1.5) - 1.0, math.log(1.5) + 1.0]], [1.0], loss="gspo")
+    assert_close(loss, -1.2)
+    assert grad.tolist() == [[0.0, 0.0]]
+    assert metrics["clip_frac_high"] == 1.0
+
+
+# --------------------------------------------------------------------------------------------------- KL
+
+
+@pytest.mark.parametrize("d", [0.5, -0.5, 0.0, 2.0, -5.0])
+def test_k3_kl_is_exp_d_minus_d_minus_one(d):
+    logp = torch.tensor([-1.0], requires_grad=True)
+    kl = ngrpo.k3_kl(logp, torch.tensor([-1.0 + d]))
+    assert_close(kl, [math.exp(d) - d - 1])
+    kl.sum().backward()
+    assert_close(logp.grad, [-(math.exp(d) - 1)], tol=1e-5)  # d = ref - logp: dk3/dlogp = -(e^d - 1)
+
+
+def test_k3_kl_clamps_inside_and_out():
+    # d = 30 -> 20: e^20 - 21 = 4.9e8 -> 10.  d = -30 -> -20: e^-20 + 19 = 19.000000002 -> 10.
+    # d = 3: e^3 - 4 = 16.09 -> 10 (the result clamp alone).  d = -9: e^-9 + 8 = 8.0001, under the clamp.
+    d = [30.0, -30.0, 3.0, -9.0]
+    logp = torch.zeros(4, requires_grad=True)
+    kl = ngrpo.k3_kl(logp, torch.tensor(d))
+    assert math.exp(20) - 21 > 10 and math.exp(-20) + 19 > 10
+    assert_close(kl, [10.0, 10.0, 10.0, math.exp(-9) + 8])
+    kl.sum().backward()
+    assert_close(logp.grad, [0.0, 0.0, 0.0, -(math.exp(-9) - 1)])  # clamped values carry no gradient
+
+
+def test_kl_term_is_added_with_its_coefficient_as_a_token_mean():
+    # A = 0: only the KL remains. d = ref - logp: 0.5 and -0.5 in row 1; 1 and a masked-out 2 in row 2.
+    ref_diffs = [[0.5, -0.5], [1.0, 2.0]]
+    loss, metrics, _ = loss_and_grad([[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0], mask=[[1, 1], [1, 0]],
+                                     ref_diffs=ref_diffs, kl_coef=0.01)
+    k3 = [math.exp(d) - d - 1 for d in (0.5, -0.5, 1.0)]
+    assert_close(metrics["kl"], sum(k3) / 3)
+    assert_close(loss, 0.01 * sum(k3) / 3)
+
+
+# ------------------------------------------------------------------------------------------- token mean
+
+
+def test_loss_is_the_mean_over_tokens_not_a_mean_of_sequence_means():
+    # ratio 1 everywhere; row 1 has 1 token at A = +2, row 2 has 3 tokens at A = -1 (and one padded).
+    mask = [[1, 0, 0, 0], [1, 1, 1, 0]]
+    loss, _, grad = loss_and_grad([[0.0] * 4] * 2, [2.0, -1.0], mask=mask)
+    assert_close(loss, (-2.0 + 1.0 + 1.0 + 1.0) / 4)  # 0.25; a mean of sequence means would be -0.5
+    assert_close(grad, [-2.0 / 4, 0, 0, 0, 1 / 4, 1 / 4, 1 / 4, 0])
+
+
+def test_micro_batch_losses_divided_by_the_mini_batch_count_add_up_to_the_token_mean():
+    config = cfg(kl_coef=0.0)
+    logp = torch.zeros(2, 4)
+    old_logp = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.1, 0.0, -0.1, 0.0]])
+    mask = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 0]])
+    advantages = torch.tensor([2.0, -1.0])
+    parts = [ngrpo.policy_loss(logp[i : i + 1], old_logp[i : i + 1], advantages[i : i + 1], mask[i : i + 1],
+                               cfg=config, num_tokens=torch.tensor(4.0))[0] for i in range(2)]
+    # Row 2's ratios exp(-0.1), 1, exp(0.1) lie inside [0.8, 1.2]: -A * ratio each.
+    expected = (-2.0 + math.exp(-0.1) + 1.0 + math.exp(0.1)) / 4
+    assert_close(float(parts[0] + parts[1]), expected)
+
+
+# ---------------------------------------------------------------------------------------- token_logprobs
+
+
+def full_log_softmax(hidden, weight, labels, temperature):
+    """The reference: all logits at once, log_softmax, gather; entropy = -(p * log p).sum."""
+    logits = hidden @ weight.T / temperature  # [N, V]
+    log_probs = logits.log_softmax(-1)
+    return log_probs.gather(-1, labels[..., None])[..., 0], -(log_probs.exp() * log_probs).sum(-1)
+
+
+def random_hidden_weight_labels(seed=0, shape=(3, 7), d=16, vocab=50):
+    g = seeded(seed)
+    hidden = torch.randn(*shape, d, generator=g)
+    weight = torch.randn(vocab, d, generator=g) * 0.5
+    labels = torch.randint(0, vocab, shape, generator=g)
+    return hidden, weight, labels
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 5, 21, 1024])  # 21 tokens: 4 and 5 do not divide it
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_equal_a_full_log_softmax(chunk_tokens, temperature):
+    hidden, weight, labels = random_hidden_weight_labels()
+    logp, entropy = ngrpo.token_logprobs(hidden, weight, labels, temperature=temperature, chunk_tokens=chunk_tokens)
+    ref_logp, ref_entropy = full_log_softmax(hidden, weight, labels, temperature)
+    assert logp.shape == entropy.shape == labels.shape
+    assert torch.allclose(logp, ref_logp, atol=1e-5)
+    assert torch.allclose(entropy, ref_entropy, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 5, 1024])
+def test_token_logprobs_gradient_equals_the_unchunked_reference(chunk_tokens):
+    hidden, weight, labels = random_hidden_weight_labels(seed=1)
+    upstream = torch.randn(labels.shape, generator=seeded(2))  # a loss that weighs each token differently
+    grads = []
+    for chunked in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            logp, entropy = ngrpo.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
+            assert not entropy.requires_grad
+        else:
+            logp, _ = full_log_softmax(h, w, labels, 0.7)
+        (logp * upstream).sum().backward()
+        grads.append((h.grad, w.grad))
+    (h_ours, w_ours), (h_ref, w_ref) = grads
+    assert torch.allclose(h_ours, h_ref, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(w_ours, w_ref, atol=1e-5, rtol=1e-5)
+
+
+# -------------------------------------------------------------------------- replay and the mini-batch
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The random tiny Qwen2 preset, fp32 on CPU, and a 2-neighbor cosine table of its output matrix."""
+    model = M.load_model("tiny", dtype=torch.float32, device="cpu").eval()
+    return model, build_neighbor_table(model.output_weight, 2)
+
+
+@pytest.fixture(scope="module")
+def confident(tiny):
+    """The tiny model with its output matrix scaled by 20: peaked next-token distributions, as a trained
+    model has (random weights alone give nearly uniform ones)."""
+    model = copy.deepcopy(tiny[0])
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    return model, build_neighbor_table(model.output_weight, 2)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("exploration", [Exploration("neighbor", mix_rate=0.5, num_neighbors=2),
+                                         Exploration("soft", top_k=4)], ids=["neighbor", "soft"])
+def test_replayed_logprobs_equal_the_sampling_logprobs(confident, temperature, exploration):
+    model, table = confident
+    rollout = generate(model, PROMPTS, Sampling(temperature=temperature, max_new_tokens=20, stop_ids=STOP_IDS),
+                       exploration, neighbor_table=table, generator=seeded(0))
+    assert rollout.mixed.any()
+    logp, _ = ngrpo.sequence_logprobs(model, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
+                                      rollout.lengths, rollout.response_ids, temperature=temperature, chunk_tokens=7)
+    mask = torch.arange(rollout.response_ids.shape[1])[None] < rollout.lengths[:, None]
+    assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4
+
+
+def episodes_from_a_rollout(model, table, *, old_logp_noise: float, with_ref: bool, seed: int = 2):
+    """Episodes from a real neighbor-mixing rollout: rows of different lengths, ended by a stop id or
+    truncated (seed 2: lengths 2, 4, 16 (truncated), 6, 9)."""
+    rollout = generate(model, PROMPTS, Sampling(max_new_tokens=16, stop_ids=STOP_IDS),
+                       Exploration("neighbor", mix_rate=0.5, num_neighbors=2), neighbor_table=table,
+                       generator=seeded(seed))
+    g = seeded(seed + 1)
+    old_logp = rollout.logprobs + old_logp_noise * torch.randn(rollout.logprobs.shape, generator=g)
+    ref_logp = rollout.logprobs + 0.5 * torch.randn(rollout.logprobs.shape, generator=g) if with_ref else None
+    advantages = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.8])
+    episodes = train.Episodes(rollout.prompts, rollout.response_ids, rollout.lengths, rollout.cand_ids,
+                              rollout.cand_weights, advantages, old_logp, ref_logp)
+    return rollout, episodes
+
+
+def test_gradient_does_not_depend_on_the_micro_batch_size(tiny):
+    model, table = tiny
+    model = copy.deepcopy(model)
+    rollout, episodes = episodes_from_a_rollout(model, table, old_logp_noise=0.5, with_ref=True)
+    lengths = rollout.lengths.tolist()
+    assert rollout.mixed.any() and len(set(lengths)) > 2 and rollout.finished.any() and not rollout.finished.all()
+    config = cfg(kl_coef=0.01)
+    grads, metrics = {}, {}
+    for micro_batch_size in (1, 2, len(episodes)):  # 2 splits 5 rows as 2 + 2 + 1
+        model.zero_grad(set_to_none=True)
+        metrics[micro_batch_size] = train.backward_minibatch(model, episodes, config,
+                                                             micro_batch_size=micro_batch_size, chunk_tokens=16)
+        grads[micro_batch_size] = {name: p.grad.clone() for name, p in model.named_parameters()}
+    # The ratios do differ from 1: some tokens are clipped on each side, some dual-clipped.
+    assert all(metrics[len(episodes)][key] > 0 for key in ("clip_frac_high", "clip_frac_low", "dual_clip_frac"))
+    reference = grads[len(episodes)]
+    for micro_batch_size in (1, 2):
+        for name, grad in grads[micro_batch_size].items():
+            norm = reference[name].norm()
+            if norm == 0:
+                assert grad.norm() == 0, name
+            else:
+                assert (grad - reference[name]).norm() / norm < 1e-6, (micro_batch_size, name)
+        assert metrics[micro_batch_size]["loss"] == pytest.approx(metrics[len(episodes)]["loss"], rel=1e-5)
+
+
+def test_minibatch_loss_is_the_token_mean_over_all_its_response_tokens(tiny):
+    model, table = tiny
+    # old_logp = the sampler's own log-probs: replay reproduces them (< 1e-5 here), so every ratio is 1
+    # and each token's loss is -A of its row.
+    rollout, episodes = episodes_from_a_rollout(model, table, old_logp_noise=0.0, with_ref=False)
+    lengths, advantages = rollout.lengths.tolist(), [1.5, -0.5, -0.5, -0.5, 0.8]
+    assert len(set(lengths)) > 2
+    expected = -sum(a * n for a, n in zip(advantages, lengths)) / sum(lengths)
+    mean_of_sequence_means = -sum(advantages) / len(advantages)
+    assert abs(expected - mean_of_sequence_means) > 0.01  # the example tells the two apart
+    for micro_batch_size in (1, 2, len(episodes)):
+        metrics = train.backward_minibatch(copy.deepcopy(model), episodes, cfg(kl_coef=0.0),
+                                           micro_batch_size=micro_batch_size)
+        assert metrics["loss"] == pytest.approx(expected, abs=1e-4)
+        assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
