@@ -130,6 +130,9 @@ class Config:
             (self.clip_low >= 0 and self.clip_high >= 0, "clip_low and clip_high must be >= 0"),
             (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip must be 0 (off) or > 1"),
             (self.kl_coef >= 0 and self.lr > 0, "kl_coef must be >= 0 and lr > 0"),
+            (self.old_logp == "replay" or (self.top_p == 1.0 and self.top_k == 0),
+             "old_logp=rollout needs top_p=1 and top_k=0: with filtering the sampler's log-probs are of the "
+             "filtered distribution and the replayed ones are not"),
             (self.max_prompt_tokens >= 1 and self.max_new_tokens >= 1, "token limits must be >= 1"),
         ]
         problems += [message for ok, message in checks if not ok]

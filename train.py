@@ -260,7 +260,7 @@ def run(cfg: Config) -> dict:
                 target.copy_(source)
         optimizer.load_state_dict(state["optimizer"])
         batcher.load_state_dict(state["batcher"])
-        generator.set_state(state["generator"].cpu() if device.type == "cpu" else state["generator"])
+        generator.set_state(state["generator"].cpu())  # a generator's state is a CPU byte tensor, CUDA's too
         torch.set_rng_state(state["torch_rng"].cpu())
         random.setstate(state["python_rng"])
         start_step = state["step"]

@@ -61,6 +61,7 @@ def test_flags_override_the_preset():
     (["--prompts-per-step", "10", "--mini-batch-prompts", "4"], "must divide prompts_per_step"),
     (["--lr", "abc"], "invalid float value"),
     (["--preset", "tiny", "--config", "x.json"], "give one of them"),
+    (["--old-logp", "rollout", "--top-p", "0.9"], "old_logp=rollout needs top_p=1"),
 ])
 def test_bad_flags_exit_with_one_message(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
