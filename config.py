@@ -66,19 +66,42 @@ class Config:
     # --- the GRPO / PPO update
     loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio exp(mean(logp - old_logp))",
                        ("grpo", "gspo"))
-    adv_scale: str = option("std", "divide group-centred rewards by the group's std (std) or not (none)",
-                            ("std", "none"))
-    adv_eps: float = option(1e-6, "added to the group std before dividing")
+    scale_rewards: str = option("group", "divide group-centred rewards by the group's std (group), by the std of "
+                                "the whole batch's rewards (batch), or not at all (none, Dr. GRPO)",
+                                ("group", "batch", "none"))
+    adv_eps: float = option(1e-6, "added to the std before dividing")
     clip_low: float = option(0.2, "PPO clip: ratio floor is 1 - clip_low")
     clip_high: float = option(0.2, "PPO clip: ratio ceiling is 1 + clip_high (raise it for clip-higher)")
     dual_clip: float = option(3.0, "dual clip for negative advantages: the loss is at most -c * A (0 = off)")
     kl_coef: float = option(0.01, "coefficient of the k3 KL to the reference model (0 = no reference model)")
     old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded inputs; "
                            "rollout = the sampler's own", ("replay", "rollout"))
+    loss_agg: str = option("token-mean", "how token losses become the loss: token-mean = over all response tokens "
+                           "of the mini-batch; seq-mean-token-mean = mean per sequence, then over sequences; "
+                           "seq-mean-token-sum-norm = each sequence's sum / max_new_tokens, then mean over sequences "
+                           "(Dr. GRPO)", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
     ppo_epochs: int = option(1, "passes over each rollout batch")
     mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)")
     micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does not "
                                    "change the gradient)")
+
+    # --- the GRPO family (README "The GRPO family"): NGRPO's calibrated advantages, DAPO's sampling and shaping
+    adv_estimator: str = option("grpo", "grpo = group-normalised rewards; negative = NGRPO (Nan et al. 2025): each "
+                                "group's mean and std also count virtual samples of the maximum reward, so an "
+                                "all-wrong group gets negative advantages", ("grpo", "negative"))
+    virtual_max_reward: float = option(1.0, "negative: the reward of each virtual sample")
+    virtual_max_count: int = option(1, "negative: virtual samples added to each group (m)")
+    filter_groups: str = option("none", "drop groups with no learning signal before the update: all = every group "
+                                "whose rewards are all equal, all_correct = all 1, all_incorrect = all 0 (DAPO's "
+                                "dynamic sampling)", ("none", "all", "all_correct", "all_incorrect"))
+    refill: bool = option(False, "with --filter-groups: draw and roll out more prompts until prompts_per_step "
+                          "groups are kept (or --max-refill-draws is reached)")
+    max_refill_draws: int = option(4, "with --refill: extra prompt batches drawn per step at most")
+    mask_truncated: bool = option(False, "responses cut at max_new_tokens get no loss (DAPO's overlong filtering)")
+    overlong_buffer: int = option(0, "DAPO's soft overlong penalty over the last L tokens before max_new_tokens: "
+                                  "a response of length n > max - L gets (max - L - n) / L * factor added to its "
+                                  "reward (0 = off)")
+    overlong_penalty_factor: float = option(1.0, "the overlong penalty at n = max_new_tokens is -factor")
 
     # --- optimizer
     lr: float = option(5e-7, "AdamW learning rate (constant)")
@@ -134,6 +157,12 @@ class Config:
              "old_logp=rollout needs top_p=1 and top_k=0: with filtering the sampler's log-probs are of the "
              "filtered distribution and the replayed ones are not"),
             (self.max_prompt_tokens >= 1 and self.max_new_tokens >= 1, "token limits must be >= 1"),
+            (self.virtual_max_count >= 1, "virtual_max_count must be at least 1"),
+            (self.max_refill_draws >= 0, "max_refill_draws must be >= 0"),
+            (not self.refill or self.filter_groups != "none", "refill needs --filter-groups: with nothing "
+             "filtered there is nothing to refill"),
+            (0 <= self.overlong_buffer <= self.max_new_tokens, "overlong_buffer must be in [0, max_new_tokens]"),
+            (self.overlong_penalty_factor >= 0, "overlong_penalty_factor must be >= 0"),
         ]
         problems += [message for ok, message in checks if not ok]
         if problems:
@@ -166,6 +195,11 @@ PRESETS: dict[str, dict] = {
     "paper-7b": dict(model="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", mix_rate=0.15, num_neighbors=2),
     # The GRPO baseline: no mixing, lr 1e-6, KL 0.001.
     "grpo-1.5b": dict(model=_1P5B, explore="none", lr=1e-6, kl_coef=0.001),
+    # NGRPO, Negative-enhanced GRPO (Nan et al. 2025)'s recipe: calibrated advantages, clip 0.16 / 0.24, all-correct
+    # groups dropped, no KL. It keeps the default N-GRPO mixing (--explore neighbor) since the two compose;
+    # add --explore none for NGRPO alone.
+    "negative-grpo": dict(model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
+                          filter_groups="all_correct", kl_coef=0.0),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
     "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4),
     # The offline demo: the random tiny model learns the answer format from 300 teacher-forced steps on
@@ -183,7 +217,8 @@ def preset(name: str) -> Config:
 
 # First field of each section of --help -> the section's title.
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts", "explore": "exploration (DESIGN.md §3)",
-            "loss": "the GRPO update", "lr": "optimizer", "sft_steps": "supervised warm start", "seed": "the run"}
+            "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
+            "sft_steps": "supervised warm start", "seed": "the run"}
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:

@@ -7,8 +7,8 @@ Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (
 one formula both sides use), so the policy is scored on the inputs it actually saw; gradients reach E
 through the mixtures. Sequences are laid out [prompt | response] and right-padded, so plain causal
 attention is exact for every real token. The loss is a token mean over all response tokens of the
-mini-batch: each micro-batch divides by the mini-batch's token count, so the gradient does not depend on
-how the mini-batch is split.
+mini-batch (or a mean over its sequences, --loss-agg): each micro-batch divides by the mini-batch's token
+(or sequence) count, so the gradient does not depend on how the mini-batch is split.
 """
 
 import torch
@@ -26,17 +26,58 @@ def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_we
     return mixed.to(embed_weight.dtype)
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-6,
+                     virtual_count: int = 0, virtual_reward: float = 1.0) -> torch.Tensor:
     """(r - mean_G r) / (std_G r + eps) with the unbiased std, per group of `group_size` consecutive rewards.
 
     >>> group_advantages(torch.tensor([1., 0., 0., 0.]), 4)   # mean 0.25, std 0.5
     tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
-    A group whose rewards are all equal gets 0; so does a group of one."""
+    A group whose rewards are all equal gets 0; so does a group of one. scale: group = the group's std,
+    batch = the std of all `rewards`, none = centre only (Dr. GRPO).
+
+    virtual_count = m > 0 is NGRPO's calibration: mean and std run over the group's rewards plus m virtual
+    rewards `virtual_reward`, so [0, 0, 0, 0] + [1] gives mean 0.2, std 0.4472 and advantages -0.4472 each.
+    A group of one then has mean 0 and std 1, as in NGRPO's released code."""
     groups = rewards.float().view(-1, group_size)  # [N / G, G]
-    centred = groups - groups.mean(-1, keepdim=True)
-    if scale == "std" and group_size > 1:
-        centred = centred / (groups.std(-1, keepdim=True) + eps)
+    stats = groups
+    if virtual_count > 0:
+        stats = torch.cat([groups, groups.new_full((groups.shape[0], virtual_count), virtual_reward)], 1)
+    if virtual_count > 0 and group_size == 1:
+        mean, std = torch.zeros_like(groups), torch.ones_like(groups)
+    else:
+        mean, std = stats.mean(-1, keepdim=True), None
+        if scale == "group" and group_size > 1:
+            std = stats.std(-1, keepdim=True)
+    if scale == "batch" and rewards.numel() > 1:
+        std = rewards.float().std()
+    centred = groups - mean
+    if scale != "none" and std is not None:
+        centred = centred / (std + eps)
     return centred.flatten()
+
+
+def keep_groups(rewards: torch.Tensor, group_size: int, strategy: str) -> torch.Tensor:
+    """Which groups carry a learning signal under DAPO's dynamic-sampling filter: [N / G] bool.
+
+    none keeps all; all drops every group whose rewards are all equal; all_correct drops groups that are
+    all 1; all_incorrect drops groups that are all 0.
+    >>> keep_groups(torch.tensor([1., 1., 0., 1., 0., 0.]), 2, "all_correct")
+    tensor([False,  True,  True])"""
+    groups = rewards.float().view(-1, group_size)
+    uniform = (groups == groups[:, :1]).all(1)
+    if strategy == "all":
+        return ~uniform
+    if strategy in ("all_correct", "all_incorrect"):
+        return ~(uniform & (groups[:, 0] == (1.0 if strategy == "all_correct" else 0.0)))
+    return torch.ones_like(uniform)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to max - L tokens, then falling linearly to
+    -factor at max (L = buffer). [N] float; all zero when buffer is 0."""
+    if buffer <= 0:
+        return torch.zeros(lengths.shape)
+    return ((max_new_tokens - buffer - lengths.float()) / buffer * factor).clamp(max=0.0)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -46,15 +87,33 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (diff.exp() - diff - 1.0).clamp(-10.0, 10.0)
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, num_tokens=None):
-    """Clipped policy-gradient loss (+ kl_coef * k3 KL) summed over the tokens of `mask` and divided by
-    num_tokens (default: mask.sum(); pass the whole mini-batch's count when this is one micro-batch).
+def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, normalizer, max_tokens: int) -> torch.Tensor:
+    """Per-token values [B, T] -> one number: token-mean = sum over `mask` / normalizer (the mini-batch's
+    token count); seq-mean-token-mean = each row's mean over its tokens, summed / normalizer (the
+    mini-batch's sequence count); seq-mean-token-sum-norm = each row's sum / max_tokens, summed / normalizer."""
+    if mode == "token-mean":
+        return (values * mask).sum() / normalizer
+    row_sums = (values * mask).sum(-1)
+    per_row = mask.sum(-1).clamp_min(1.0) if mode == "seq-mean-token-mean" else max_tokens
+    return (row_sums / per_row).sum() / normalizer
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normalizer=None):
+    """Clipped policy-gradient loss (+ kl_coef * k3 KL) aggregated over the tokens of `mask` as cfg.loss_agg
+    says, divided by normalizer (default: this batch's token count for token-mean, else its count of rows
+    with a token; pass the whole mini-batch's count when this is one micro-batch).
 
     logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. cfg supplies loss ("grpo": token ratio,
-    "gspo": sequence ratio exp(mean_t(logp - old_logp))), clip_low, clip_high, dual_clip, kl_coef.
-    Returns (loss, metrics); each metric is a sum over tokens / num_tokens, so micro-batches add up."""
+    "gspo": sequence ratio exp(mean_t(logp - old_logp))), clip_low, clip_high, dual_clip, kl_coef, loss_agg,
+    max_new_tokens. Returns (loss, metrics); each metric is a sum / normalizer, so micro-batches add up
+    (fractions and ratio_mean are token means, or means of per-sequence token means in the seq modes)."""
     mask = mask.float()
-    num_tokens = mask.sum() if num_tokens is None else num_tokens
+    if normalizer is None:
+        normalizer = mask.sum() if cfg.loss_agg == "token-mean" else (mask.sum(-1) > 0).sum().float()
+    total = lambda values: aggregate(values, mask, mode=cfg.loss_agg, normalizer=normalizer,
+                                     max_tokens=cfg.max_new_tokens)
+    mean = lambda values: aggregate(values, mask, mode="token-mean" if cfg.loss_agg == "token-mean"
+                                    else "seq-mean-token-mean", normalizer=normalizer, max_tokens=cfg.max_new_tokens)
     log_ratio = logp - old_logp
     if cfg.loss == "gspo":
         # One ratio per sequence; its gradient flows to every token through the mean.
@@ -69,18 +128,18 @@ def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, num_tok
         # For A < 0 a huge ratio would make the loss unbounded: cap it at -c * A.
         dual = (adv < 0) & (token_loss > -cfg.dual_clip * adv)
         token_loss = torch.where(dual, -cfg.dual_clip * adv, token_loss)
-    pg_loss = (token_loss * mask).sum() / num_tokens
+    pg_loss = total(token_loss)
     with torch.no_grad():
         metrics = {
             "pg_loss": pg_loss.detach(),
-            "clip_frac_high": (((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float() * mask).sum() / num_tokens,
-            "clip_frac_low": (((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float() * mask).sum() / num_tokens,
-            "dual_clip_frac": (dual.float() * mask).sum() / num_tokens,
-            "ratio_mean": (ratio * mask).sum() / num_tokens,
+            "clip_frac_high": mean(((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float()),
+            "clip_frac_low": mean(((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float()),
+            "dual_clip_frac": mean(dual.float()),
+            "ratio_mean": mean(ratio),
         }
     loss = pg_loss
     if ref_logp is not None and cfg.kl_coef > 0:
-        kl = (k3_kl(logp, ref_logp) * mask).sum() / num_tokens
+        kl = total(k3_kl(logp, ref_logp))
         loss = loss + cfg.kl_coef * kl
         metrics["kl"] = kl.detach()
     metrics["loss"] = loss.detach()

@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +27,8 @@ from config import Config, parse_config
 from data import DataError, PromptBatcher, load_problems, load_tokenizer, tokenize_problems
 from model import TINY_CONFIG, load_model, random_model, save_model
 from neighbors import build_neighbor_table
-from ngrpo import group_advantages, mixed_embeddings, policy_loss, sequence_logprobs, token_logprobs
+from ngrpo import (group_advantages, keep_groups, mixed_embeddings, overlong_penalty, policy_loss, sequence_logprobs,
+                   token_logprobs)
 from reward import RewardPool
 from rollout import Exploration, Sampling, generate
 
@@ -44,6 +45,7 @@ class Episodes:
     advantages: torch.Tensor  # [N]
     old_logp: torch.Tensor  # [N, T]
     ref_logp: torch.Tensor | None = None  # [N, T], when a KL term is on
+    in_loss: torch.Tensor | None = None  # [N] bool, rows whose tokens count (--mask-truncated); None = all
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -51,19 +53,24 @@ class Episodes:
     def rows(self, index: slice) -> "Episodes":
         pick = lambda x: None if x is None else x[index]
         return Episodes(self.prompts[index], self.response_ids[index], self.lengths[index], self.cand_ids[index],
-                        self.cand_weights[index], self.advantages[index], self.old_logp[index], pick(self.ref_logp))
+                        self.cand_weights[index], self.advantages[index], self.old_logp[index], pick(self.ref_logp),
+                        pick(self.in_loss))
 
     def response_mask(self) -> torch.Tensor:
-        return torch.arange(self.response_ids.shape[1], device=self.lengths.device)[None] < self.lengths[:, None]
+        mask = torch.arange(self.response_ids.shape[1], device=self.lengths.device)[None] < self.lengths[:, None]
+        return mask if self.in_loss is None else mask & self.in_loss[:, None].to(mask.device)
 
 
 def backward_minibatch(model, episodes: Episodes, cfg, *, micro_batch_size: int, temperature: float = 1.0,
                        chunk_tokens: int = 1024) -> dict:
-    """Accumulates into .grad the gradient of the token-mean loss over all response tokens of `episodes`,
-    `micro_batch_size` sequences per forward/backward. Each micro-batch divides by the whole mini-batch's
-    token count, so the gradient does not depend on the split. Returns the metrics (token means), or the
-    loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is accumulated)."""
-    num_tokens = episodes.lengths.sum().clamp_min(1).to(torch.float32)
+    """Accumulates into .grad the gradient of the loss over all response tokens of `episodes` (aggregated as
+    cfg.loss_agg says), `micro_batch_size` sequences per forward/backward. Each micro-batch divides by the
+    whole mini-batch's token (or sequence) count, so the gradient does not depend on the split. Returns the
+    metrics, or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
+    accumulated)."""
+    full_mask = episodes.response_mask()
+    num_tokens = full_mask.sum().clamp_min(1).to(torch.float32)
+    normalizer = num_tokens if cfg.loss_agg == "token-mean" else full_mask.any(-1).sum().clamp_min(1).to(torch.float32)
     totals: dict[str, float] = {}
     entropy_sum = 0.0
     for start in range(0, len(episodes), micro_batch_size):
@@ -73,7 +80,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, *, micro_batch_size: int,
         mask = micro.response_mask().to(logp.device)
         loss, metrics = policy_loss(logp, micro.old_logp.to(logp.device), micro.advantages.to(logp.device), mask,
                                     ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(logp.device),
-                                    cfg=cfg, num_tokens=num_tokens.to(logp.device))
+                                    cfg=cfg, normalizer=normalizer.to(logp.device))
         if not torch.isfinite(loss):
             return {"loss": float(loss.detach()), "finite": False}
         loss.backward()
@@ -86,6 +93,36 @@ def backward_minibatch(model, episodes: Episodes, cfg, *, micro_batch_size: int,
 
 
 # ----------------------------------------------------------------------------- the run
+
+
+ROLLOUT_TENSORS = ("response_ids", "lengths", "finished", "logprobs", "cand_ids", "cand_weights", "mixed")
+
+
+def join_rollouts(rollouts: list, pad_id: int):
+    """Rollouts of several prompt batches as one; responses are right-padded to the longest (pad_id, weight 0)."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    T = max(r.response_ids.shape[1] for r in rollouts)
+
+    def padded(x, value):  # [B, T_r, ...] -> [B, T, ...]; lengths and finished are [B] and stay
+        if x.dim() == 1:
+            return x
+        out = x.new_full((x.shape[0], T, *x.shape[2:]), value)
+        out[:, : x.shape[1]] = x
+        return out
+
+    pads = dict(response_ids=pad_id, logprobs=0.0, cand_ids=pad_id, cand_weights=0.0, mixed=False)
+    return replace(rollouts[0], prompts=[p for r in rollouts for p in r.prompts],
+                   **{name: torch.cat([padded(getattr(r, name), pads.get(name, 0)) for r in rollouts])
+                      for name in ROLLOUT_TENSORS})
+
+
+def rollout_rows(rollout, index: list[int]):
+    """The rows `index` of a rollout, as a rollout."""
+    return replace(rollout, prompts=[rollout.prompts[i] for i in index],
+                   **{name: getattr(rollout, name)[torch.tensor(index, dtype=torch.long,
+                                                                device=getattr(rollout, name).device)]
+                      for name in ROLLOUT_TENSORS})
 
 
 def autocast(device: torch.device):
@@ -314,59 +351,86 @@ def run(cfg: Config) -> dict:
         step_start = time.perf_counter()
         if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step and step % cfg.neighbor_refresh == 0:
             table = neighbor_table()
-        batch = batcher.next_batch()
-        rows = [p for p in batch for _ in range(cfg.group_size)]  # G consecutive rows per prompt: a group
-        sampler.eval()
-        with autocast(device):
-            rollout = generate(sampler, [p["prompt_ids"] for p in rows], sampling, exploration,
-                               neighbor_table=table, generator=generator)
-        rollout_s = time.perf_counter() - step_start
-        texts = tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
-        score_start = time.perf_counter()
-        rewards = torch.tensor(pool.score([(text, p["answer"]) for text, p in zip(texts, rows)]))
-        score_s = time.perf_counter() - score_start
+        # One prompt batch; with --refill more until prompts_per_step groups survive --filter-groups.
+        draws, kept_groups, rollout_s, score_s = [], 0, 0.0, 0.0
+        while True:
+            batch = batcher.next_batch()
+            draw_rows = [p for p in batch for _ in range(cfg.group_size)]  # G consecutive rows per prompt: a group
+            rollout_start = time.perf_counter()
+            sampler.eval()
+            with autocast(device):
+                draw = generate(sampler, [p["prompt_ids"] for p in draw_rows], sampling, exploration,
+                                neighbor_table=table, generator=generator)
+            rollout_s += time.perf_counter() - rollout_start
+            draw_texts = tokenizer.batch_decode(draw.responses(), skip_special_tokens=True)
+            score_start = time.perf_counter()
+            draw_scores = torch.tensor(pool.score([(text, p["answer"]) for text, p in zip(draw_texts, draw_rows)]))
+            score_s += time.perf_counter() - score_start
+            draws.append((draw_rows, draw, draw_texts, draw_scores))
+            kept_groups += int(keep_groups(draw_scores, cfg.group_size, cfg.filter_groups).sum())
+            if not cfg.refill or kept_groups >= cfg.prompts_per_step or len(draws) > cfg.max_refill_draws:
+                break
+        rows = [p for d in draws for p in d[0]]
+        texts = [t for d in draws for t in d[2]]
+        rollout = join_rollouts([d[1] for d in draws], pad_id)
+        scores = torch.cat([d[3] for d in draws])
+        rewards = scores
+        if cfg.overlong_buffer > 0:
+            penalty = overlong_penalty(rollout.lengths.cpu(), cfg.max_new_tokens, cfg.overlong_buffer,
+                                       cfg.overlong_penalty_factor)
+            rewards = scores + penalty
 
         update_start = time.perf_counter()
-        advantages = group_advantages(rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps)
-        policy.eval()
-        replayed = replay_logprobs(policy, rollout, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                                   chunk_tokens=cfg.logprob_chunk_tokens, device=device)
-        mask = torch.arange(rollout.response_ids.shape[1], device=rollout.lengths.device)[None] < rollout.lengths[:, None]
-        gap = (replayed - rollout.logprobs.float()).abs()[mask]
-        ref_logp = None if reference is None else replay_logprobs(
-            reference, rollout, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-            chunk_tokens=cfg.logprob_chunk_tokens, device=device)
-        episodes = Episodes(rollout.prompts, rollout.response_ids, rollout.lengths, rollout.cand_ids,
-                            rollout.cand_weights, advantages.to(device),
-                            replayed if cfg.old_logp == "replay" else rollout.logprobs.float(), ref_logp)
-        policy.train()
+        trained, trained_rewards = rollout, rewards  # the rows the update sees
+        if cfg.filter_groups != "none":
+            groups_kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
+            index = [int(g) * cfg.group_size + j for g in groups_kept for j in range(cfg.group_size)]
+            trained, trained_rewards = rollout_rows(rollout, index), rewards[index]
+        virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
         update = {}
         skipped = 0
-        per_minibatch = cfg.mini_batch_prompts * cfg.group_size
-        for _ in range(cfg.ppo_epochs):
-            for start in range(0, len(episodes), per_minibatch):
-                optimizer.zero_grad(set_to_none=True)
-                with autocast(device):
-                    result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
-                                                micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                                                chunk_tokens=cfg.logprob_chunk_tokens)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-                if not result.pop("finite") or not torch.isfinite(grad_norm):
-                    skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
+        gap = torch.zeros(0)
+        if len(trained.prompts):  # every group filtered out: no update this step
+            advantages = group_advantages(trained_rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
+                                          virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
+            policy.eval()
+            replayed = replay_logprobs(policy, trained, micro_batch_size=cfg.micro_batch_size,
+                                       temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens, device=device)
+            mask = torch.arange(trained.response_ids.shape[1], device=trained.lengths.device)[None] < trained.lengths[:, None]
+            gap = (replayed - trained.logprobs.float()).abs()[mask]
+            ref_logp = None if reference is None else replay_logprobs(
+                reference, trained, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                chunk_tokens=cfg.logprob_chunk_tokens, device=device)
+            episodes = Episodes(trained.prompts, trained.response_ids, trained.lengths, trained.cand_ids,
+                                trained.cand_weights, advantages.to(device),
+                                replayed if cfg.old_logp == "replay" else trained.logprobs.float(), ref_logp,
+                                trained.finished if cfg.mask_truncated else None)
+            policy.train()
+            per_minibatch = cfg.mini_batch_prompts * cfg.group_size
+            for _ in range(cfg.ppo_epochs):
+                for start in range(0, len(episodes), per_minibatch):
                     optimizer.zero_grad(set_to_none=True)
-                    continue
-                optimizer.step()
-                result["grad_norm"] = float(grad_norm)
-                for key, value in result.items():
-                    update.setdefault(key, []).append(value)
+                    with autocast(device):
+                        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
+                                                    micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                                                    chunk_tokens=cfg.logprob_chunk_tokens)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+                    if not result.pop("finite") or not torch.isfinite(grad_norm):
+                        skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
+                        optimizer.zero_grad(set_to_none=True)
+                        continue
+                    optimizer.step()
+                    result["grad_norm"] = float(grad_norm)
+                    for key, value in result.items():
+                        update.setdefault(key, []).append(value)
         refresh_sampler()
         update_s = time.perf_counter() - update_start
 
-        groups = rewards.view(-1, cfg.group_size)
+        groups = scores.view(-1, cfg.group_size)
         lengths = rollout.lengths.float()
         num_tokens = int(rollout.lengths.sum())
         metrics = {
-            "step": step + 1, "reward_mean": float(rewards.mean()), "accuracy": float(rewards.mean()),
+            "step": step + 1, "reward_mean": float(rewards.mean()), "accuracy": float(scores.mean()),
             "zero_variance_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
             "response_len_mean": float(lengths.mean()), "response_len_max": int(rollout.lengths.max()),
             "truncated_frac": float((~rollout.finished).float().mean()),
@@ -379,6 +443,18 @@ def run(cfg: Config) -> dict:
             "rollout_s": rollout_s, "score_s": score_s, "update_s": update_s,
             "rollout_tokens_per_s": num_tokens / rollout_s, "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
         }
+        # Each knob of the GRPO family logs what it did, only when it is on.
+        if cfg.filter_groups != "none":
+            metrics.update(groups_filtered=len(draws) * cfg.prompts_per_step - kept_groups,
+                           groups_kept=len(trained.prompts) // cfg.group_size,
+                           prompts_drawn=len(draws) * cfg.prompts_per_step,
+                           refill_draws=len(draws) - 1, update_skipped=int(not len(trained.prompts)))
+        if virtual_count:
+            metrics["virtual_samples"] = virtual_count * len(trained.prompts) // cfg.group_size
+        if cfg.mask_truncated:
+            metrics["truncated_masked"] = int((~trained.finished).sum())
+        if cfg.overlong_buffer > 0:
+            metrics["overlong_penalty_mean"] = float(penalty.mean())
         if held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             sampler.eval()
             metrics["held_out_accuracy"] = held_out_accuracy(sampler, held_out, tokenizer, pool,

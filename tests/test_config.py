@@ -12,7 +12,7 @@ RELEASED_CODE_1P5B = dict(
     max_prompt_tokens=4096, max_new_tokens=8192, prompts_per_step=64, group_size=4, temperature=1.0, top_p=1.0,
     explore="neighbor", mix_rate=0.1, num_neighbors=1, mix_weights="code", neighbor_space="output",
     neighbor_metric="cosine", stop_mixing_token="</think>", noise_sigma=0.33, freeze_embeddings=False,
-    loss="grpo", adv_scale="std", adv_eps=1e-6, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.01,
+    loss="grpo", scale_rewards="group", adv_eps=1e-6, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.01,
     old_logp="replay", ppo_epochs=1, mini_batch_prompts=16, lr=5e-7, weight_decay=0.01, grad_clip=1.0,
 )
 

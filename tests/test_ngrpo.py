@@ -239,7 +239,7 @@ def test_micro_batch_losses_divided_by_the_mini_batch_count_add_up_to_the_token_
     mask = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 0]])
     advantages = torch.tensor([2.0, -1.0])
     parts = [ngrpo.policy_loss(logp[i : i + 1], old_logp[i : i + 1], advantages[i : i + 1], mask[i : i + 1],
-                               cfg=config, num_tokens=torch.tensor(4.0))[0] for i in range(2)]
+                               cfg=config, normalizer=torch.tensor(4.0))[0] for i in range(2)]
     # Row 2's ratios exp(-0.1), 1, exp(0.1) lie inside [0.8, 1.2]: -A * ratio each.
     expected = (-2.0 + math.exp(-0.1) + 1.0 + math.exp(0.1)) / 4
     assert_close(float(parts[0] + parts[1]), expected)
