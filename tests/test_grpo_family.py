@@ -237,3 +237,44 @@ def test_defaults_are_unchanged(tmp_path):
     weights = load_model(str(Path(cfg.out_dir) / "checkpoints" / "step-2"), dtype=torch.float32, device="cpu").state_dict()
     assert {name: (float(weights[name].double().sum()), [float(x).hex() for x in weights[name].flatten()[:3]])
             for name in PINNED_WEIGHTS} == PINNED_WEIGHTS
+
+
+LEARNING_RUN = """
+import json, sys, tempfile
+from dataclasses import replace
+sys.path.insert(0, sys.argv[1])
+import torch, train
+from config import preset
+from model import load_model
+from reward import RewardPool
+RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
+out = tempfile.mkdtemp()
+train.run(replace(preset("tiny"), out_dir=out, prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=8,
+                  max_new_tokens=16, max_steps=2))
+timing = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
+metrics = [{k: v for k, v in json.loads(l).items() if k not in timing} for l in open(out + "/metrics.jsonl")]
+state = load_model(out + "/checkpoints/step-2", dtype=torch.float32, device="cpu").state_dict()
+names = ["embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.1.mlp.down_proj.weight", "norm.weight",
+         "lm_head.weight"]
+weights = {n: [float(state[n].double().sum()), [float(x).hex() for x in state[n].flatten()[:3].tolist()]] for n in names}
+print(json.dumps({"metrics": metrics, "weights": weights}))
+"""
+# The same 2-step tiny run with a stand-in reward (an odd-length response scores 1), so that advantages, the
+# loss and the gradients are not zero; captured by running LEARNING_RUN on the commit before the GRPO-family
+# flags (2c11f26) with OMP_NUM_THREADS=1. With two threads, CPU reductions may differ in the last bits from
+# run to run (the pre-change code against itself, too); with one thread the run is bit-reproducible.
+PINNED_LEARNING_RUN = {'metrics': [{'step': 1, 'reward_mean': 0.46875, 'accuracy': 0.46875, 'zero_variance_groups': 0.125, 'response_len_mean': 15.375, 'response_len_max': 16, 'truncated_frac': 0.90625, 'pg_loss': -0.03277023186092265, 'clip_frac_high': 0.0, 'clip_frac_low': 0.0, 'dual_clip_frac': 0.0, 'ratio_mean': 0.9992110133171082, 'loss': -0.03277023186092265, 'entropy': 5.555159494449981, 'grad_norm': 0.7532387971878052, 'lr': 0.0002, 'mix_rate': 0.09959349593495935, 'mix_distance': 1.2327897548675537, 'logp_gap_mean': 7.268859292253183e-08, 'logp_gap_max': 4.76837158203125e-07, 'skipped_minibatches': 0, 'prompts_dropped': 0}, {'step': 2, 'reward_mean': 0.40625, 'accuracy': 0.40625, 'zero_variance_groups': 0.125, 'response_len_mean': 15.4375, 'response_len_max': 16, 'truncated_frac': 0.9375, 'pg_loss': 0.0189592691604048, 'clip_frac_high': 0.0, 'clip_frac_low': 0.0, 'dual_clip_frac': 0.0, 'ratio_mean': 0.9996659308671951, 'loss': 0.0189592691604048, 'entropy': 5.554818960336538, 'grad_norm': 0.7565474212169647, 'lr': 0.0002, 'mix_rate': 0.11133603238866396, 'mix_distance': 1.2127023935317993, 'logp_gap_mean': 7.335956553333745e-08, 'logp_gap_max': 4.76837158203125e-07, 'skipped_minibatches': 0, 'prompts_dropped': 0}], 'weights': {'embed_tokens.weight': [-2.7348997105509625, ['-0x1.75de960000000p-6', '-0x1.7bfbcc0000000p-6', '-0x1.40483a0000000p-8']], 'layers.0.self_attn.q_proj.weight': [-2.2016632867489534, ['-0x1.c45db20000000p-10', '0x1.ba45980000000p-7', '-0x1.1547e20000000p-7']], 'layers.1.mlp.down_proj.weight': [0.08302852959604934, ['-0x1.a6eb6e0000000p-8', '0x1.51d9120000000p-8', '-0x1.4243b20000000p-5']], 'norm.weight': [63.99759519100189, ['0x1.0003ae0000000p+0', '0x1.0009c40000000p+0', '0x1.ffe47a0000000p-1']], 'lm_head.weight': [-5.274290792842294, ['0x1.7dc0b60000000p-6', '0x1.0268e40000000p-6', '-0x1.de199a0000000p-8']]}}
+
+
+def test_defaults_are_unchanged_with_a_learning_signal():
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", LEARNING_RUN, str(root)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["metrics"][0]["grad_norm"] > 0 and result["metrics"][0]["loss"] != 0.0
+    assert result == PINNED_LEARNING_RUN
