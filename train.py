@@ -185,6 +185,48 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device) -> None:
         optimizer.step()
 
 
+def make_episodes(policy, reference, rollout, advantages, cfg, device) -> tuple[Episodes, torch.Tensor]:
+    """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
+    |rollout - replay| log-prob gap of every response token (it shows sampler/trainer drift)."""
+    policy.eval()
+    replay = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                  chunk_tokens=cfg.logprob_chunk_tokens, device=device)
+    replayed = replay_logprobs(policy, rollout, **replay)
+    mask = torch.arange(rollout.response_ids.shape[1], device=rollout.lengths.device)[None] < rollout.lengths[:, None]
+    gap = (replayed - rollout.logprobs.float()).abs()[mask]
+    ref_logp = None if reference is None else replay_logprobs(reference, rollout, **replay)
+    episodes = Episodes(rollout.prompts, rollout.response_ids, rollout.lengths, rollout.cand_ids,
+                        rollout.cand_weights, advantages.to(device),
+                        replayed if cfg.old_logp == "replay" else rollout.logprobs.float(), ref_logp,
+                        rollout.finished if cfg.mask_truncated else None)
+    return episodes, gap
+
+
+def optimize(policy, optimizer, params, episodes: Episodes, cfg, device) -> tuple[dict, int]:
+    """ppo_epochs passes of mini-batch updates (mini_batch_prompts groups each, grad-norm clipped). A mini-batch
+    whose loss or gradient is not finite is skipped. Returns (metric name -> values per update, skipped)."""
+    policy.train()
+    update, skipped = {}, 0
+    per_minibatch = cfg.mini_batch_prompts * cfg.group_size
+    for _ in range(cfg.ppo_epochs):
+        for start in range(0, len(episodes), per_minibatch):
+            optimizer.zero_grad(set_to_none=True)
+            with autocast(device):
+                result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
+                                            micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                                            chunk_tokens=cfg.logprob_chunk_tokens)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            if not result.pop("finite") or not torch.isfinite(grad_norm):
+                skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
+                optimizer.zero_grad(set_to_none=True)
+                continue
+            optimizer.step()
+            result["grad_norm"] = float(grad_norm)
+            for key, value in result.items():
+                update.setdefault(key, []).append(value)
+    return update, skipped
+
+
 def checkpoint_dirs(out_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (a directory is complete once renamed to step-N)."""
     found = [d for d in (out_dir / "checkpoints").glob("step-*") if d.is_dir() and d.name[5:].isdigit()]
@@ -387,42 +429,12 @@ def run(cfg: Config) -> dict:
             index = [int(g) * cfg.group_size + j for g in groups_kept for j in range(cfg.group_size)]
             trained, trained_rewards = rollout_rows(rollout, index), rewards[index]
         virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
-        update = {}
-        skipped = 0
-        gap = torch.zeros(0)
+        update, skipped, gap = {}, 0, torch.zeros(0)
         if len(trained.prompts):  # every group filtered out: no update this step
             advantages = group_advantages(trained_rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
                                           virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
-            policy.eval()
-            replayed = replay_logprobs(policy, trained, micro_batch_size=cfg.micro_batch_size,
-                                       temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens, device=device)
-            mask = torch.arange(trained.response_ids.shape[1], device=trained.lengths.device)[None] < trained.lengths[:, None]
-            gap = (replayed - trained.logprobs.float()).abs()[mask]
-            ref_logp = None if reference is None else replay_logprobs(
-                reference, trained, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                chunk_tokens=cfg.logprob_chunk_tokens, device=device)
-            episodes = Episodes(trained.prompts, trained.response_ids, trained.lengths, trained.cand_ids,
-                                trained.cand_weights, advantages.to(device),
-                                replayed if cfg.old_logp == "replay" else trained.logprobs.float(), ref_logp,
-                                trained.finished if cfg.mask_truncated else None)
-            policy.train()
-            per_minibatch = cfg.mini_batch_prompts * cfg.group_size
-            for _ in range(cfg.ppo_epochs):
-                for start in range(0, len(episodes), per_minibatch):
-                    optimizer.zero_grad(set_to_none=True)
-                    with autocast(device):
-                        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
-                                                    micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                                                    chunk_tokens=cfg.logprob_chunk_tokens)
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-                    if not result.pop("finite") or not torch.isfinite(grad_norm):
-                        skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
-                        optimizer.zero_grad(set_to_none=True)
-                        continue
-                    optimizer.step()
-                    result["grad_norm"] = float(grad_norm)
-                    for key, value in result.items():
-                        update.setdefault(key, []).append(value)
+            episodes, gap = make_episodes(policy, reference, trained, advantages, cfg, device)
+            update, skipped = optimize(policy, optimizer, params, episodes, cfg, device)
         refresh_sampler()
         update_s = time.perf_counter() - update_start
 
