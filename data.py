@@ -250,8 +250,8 @@ def normalise_record(record, where: str, *, default_id: str) -> dict:
 
 def _answer_text(answer) -> str:
     """27.0 -> "27", 2.5 -> "2.5", ["1", "2"] -> "1, 2", "025" stays "025" (the grader decides equality)."""
-    if isinstance(answer, bool) or answer is None:
-        return "" if answer is None else str(answer)
+    if answer is None:
+        return ""
     if isinstance(answer, float) and answer.is_integer():
         return str(int(answer))
     if isinstance(answer, (list, tuple)):

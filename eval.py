@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import data
+import reward
 
 # Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
 HUB_BENCHMARKS = {
@@ -129,8 +130,6 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
 
 
 def extracted_answer(text: str, kind: str) -> str | None:
-    import reward
-
     return reward.extract_choice(text) if kind == "choice" else reward.extract_answer(text)
 
 
@@ -187,7 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     from model import load_model
-    from reward import RewardPool
     from rollout import Exploration, Sampling, generate
 
     try:
@@ -227,7 +225,7 @@ def main(argv=None) -> dict:
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 
-    with RewardPool() as pool:
+    with reward.RewardPool() as pool:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=args.out_dir, batch_size=batch_size,
                            seed=args.seed, resume=args.resume, score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
     print(format_table(results))

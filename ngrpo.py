@@ -26,6 +26,11 @@ def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_we
     return mixed.to(embed_weight.dtype)
 
 
+def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width] bool: position t of row b is True when t < lengths[b]."""
+    return torch.arange(width, device=lengths.device)[None] < lengths[:, None]
+
+
 def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-6,
                      virtual_count: int = 0, virtual_reward: float = 1.0) -> torch.Tensor:
     """(r - mean_G r) / (std_G r + eps) with the unbiased std, per group of `group_size` consecutive rewards.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ngrpo import mixed_embeddings
+from ngrpo import length_mask, mixed_embeddings
 
 STRATEGIES = ("none", "neighbor", "soft", "gaussian")
 
@@ -80,6 +80,10 @@ class Rollout:
     cand_weights: torch.Tensor
     mixed: torch.Tensor
     logits: torch.Tensor | None = None  # [B, T, V] fp32 raw logits of each step, when asked for (tests)
+
+    def response_mask(self) -> torch.Tensor:
+        """[B, T] bool: True at the positions of each row's response (stop token included)."""
+        return length_mask(self.lengths, self.response_ids.shape[1])
 
     def responses(self) -> list[list[int]]:
         return [ids[:n].tolist() for ids, n in zip(self.response_ids, self.lengths.tolist())]

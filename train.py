@@ -27,8 +27,8 @@ from config import Config, parse_config
 from data import DataError, PromptBatcher, load_problems, load_tokenizer, tokenize_problems
 from model import TINY_CONFIG, load_model, random_model, save_model
 from neighbors import build_neighbor_table
-from ngrpo import (group_advantages, keep_groups, mixed_embeddings, overlong_penalty, policy_loss, sequence_logprobs,
-                   token_logprobs)
+from ngrpo import (group_advantages, keep_groups, length_mask, mixed_embeddings, overlong_penalty, policy_loss,
+                   sequence_logprobs, token_logprobs)
 from reward import RewardPool
 from rollout import Exploration, Sampling, generate
 
@@ -57,7 +57,7 @@ class Episodes:
                         pick(self.in_loss))
 
     def response_mask(self) -> torch.Tensor:
-        mask = torch.arange(self.response_ids.shape[1], device=self.lengths.device)[None] < self.lengths[:, None]
+        mask = length_mask(self.lengths, self.response_ids.shape[1])
         return mask if self.in_loss is None else mask & self.in_loss[:, None].to(mask.device)
 
 
@@ -192,8 +192,7 @@ def make_episodes(policy, reference, rollout, advantages, cfg, device) -> tuple[
     replay = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
                   chunk_tokens=cfg.logprob_chunk_tokens, device=device)
     replayed = replay_logprobs(policy, rollout, **replay)
-    mask = torch.arange(rollout.response_ids.shape[1], device=rollout.lengths.device)[None] < rollout.lengths[:, None]
-    gap = (replayed - rollout.logprobs.float()).abs()[mask]
+    gap = (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
     ref_logp = None if reference is None else replay_logprobs(reference, rollout, **replay)
     episodes = Episodes(rollout.prompts, rollout.response_ids, rollout.lengths, rollout.cand_ids,
                         rollout.cand_weights, advantages.to(device),
