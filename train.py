@@ -505,7 +505,7 @@ def run(cfg: Config) -> dict:
 
 
 def main(argv=None) -> dict:
-    return run(parse_config(argv, description="N-GRPO training (DESIGN.md §3). " + __doc__.split("\n\n")[1]))
+    return run(parse_config(argv, description="N-GRPO training (DESIGN.md §3).\n\n" + __doc__.split("\n\n")[1]))
 
 
 if __name__ == "__main__":
