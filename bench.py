@@ -3,6 +3,7 @@
     python bench.py grader              # the reward checker (reward.py) on a realistic answer mix
     python bench.py rollout             # the sampler (rollout.py) against transformers' generate
     python bench.py train               # the training log-prob path (ngrpo.py) against full logits
+    python bench.py neighbors           # the neighbor table (neighbors.py); --device cuda: the 1.5B shape
 
 Each benchmark is one function `bench_NAME(args)` with its own subcommand in `main()`; add new ones
 (rollout, train, ...) the same way.
@@ -363,10 +364,12 @@ def bench_rollout(args: argparse.Namespace) -> None:
     table = build_neighbor_table(model.output_weight, 1)
     sampling = Sampling(max_new_tokens=args.new_tokens)  # no stop ids: every row runs the full length
 
+    cuda_graph = device.type == "cuda" and args.cuda_graph
+
     def ours(explore):
         exploration = Exploration(explore, mix_rate=0.1)
         return lambda: generate(model, prompts.tolist(), sampling, exploration, neighbor_table=table,
-                                generator=torch.Generator(device).manual_seed(0))
+                                generator=torch.Generator(device).manual_seed(0), cuda_graph=cuda_graph)
 
     def theirs():
         ids = prompts.to(device)
@@ -395,7 +398,46 @@ def bench_rollout(args: argparse.Namespace) -> None:
               "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
               "tokens_per_s": round(args.batch * args.new_tokens / statistics.median(timings), 1),
               "median_s": round(statistics.median(timings), 4), "min_s": round(min(timings), 4),
-              "peak_mem_mb": peak[impl, explore]})
+              "peak_mem_mb": peak[impl, explore], "cuda_graph": cuda_graph and impl == "ours",
+              "repeats": args.repeats})
+
+
+# ----------------------------------------------------------------------------------------------------
+# neighbors
+
+
+def bench_neighbors(args: argparse.Namespace) -> None:
+    """build_neighbor_table over the output matrix of a random model of the given shape, in the dtype the
+    sampler holds it (bf16 on CUDA, fp32 on CPU). No disk cache: every run searches."""
+    import torch
+
+    from model import random_model
+    from neighbors import build_neighbor_table
+
+    device = torch.device(args.device)
+    shape = args.shape or ("1.5b" if device.type == "cuda" else "tiny")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    weight = random_model(shape_config(shape), dtype=dtype, device=device, seed=0).output_weight.detach()
+
+    def build():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        build_neighbor_table(weight, args.k, args.metric)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    first = build()  # includes one-off costs (cuBLAS handles, kernel selection)
+    seconds = [build() for _ in range(args.repeats)]
+    before = weight.numel() * weight.element_size() if device.type == "cuda" else 0
+    emit({"bench": "neighbors", "device": device.type, "shape": shape, "vocab": weight.shape[0],
+          "dim": weight.shape[1], "dtype": str(dtype).removeprefix("torch."), "k": args.k, "metric": args.metric,
+          "first_s": round(first, 4), "median_s": round(statistics.median(seconds), 4),
+          "min_s": round(min(seconds), 4), "repeats": args.repeats,
+          "peak_mem_mb": round(peak_mem_mb(device) - before / 2**20, 1) if device.type == "cuda"
+          else peak_mem_mb(device)})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -584,7 +626,19 @@ def main() -> None:
     rollout.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt")
     rollout.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (no early stop)")
     rollout.add_argument("--repeats", type=int, default=15, help="timed runs per configuration (median reported)")
+    rollout.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                         help="on cuda, run our decode step eagerly instead of replaying a CUDA graph")
     rollout.set_defaults(run=bench_rollout)
+
+    neighbors = benchmarks.add_parser("neighbors", help="the neighbor table over a real-shape output matrix")
+    neighbors.add_argument("--device", default="cpu", help="cpu (fp32 matrix) or cuda (bf16 matrix, as the sampler's)")
+    neighbors.add_argument("--shape", default=None, choices=["tiny", *SHAPES],
+                           help="tiny preset, or the real R1-Distill config from ../shared with random weights "
+                                "(default: tiny on cpu, 1.5b on cuda; 1.5b on cpu takes ~11 minutes)")
+    neighbors.add_argument("--k", type=int, default=2, help="neighbors per row")
+    neighbors.add_argument("--metric", default="cosine", choices=["cosine", "dot", "l2", "l1"])
+    neighbors.add_argument("--repeats", type=int, default=3, help="timed builds after a first one (median reported)")
+    neighbors.set_defaults(run=bench_neighbors)
 
     train = benchmarks.add_parser("train", help="forward + backward of the log-prob path: ours (chunked) vs "
                                   "transformers' full logits + log_softmax")

@@ -140,6 +140,58 @@ def soft_candidates(probs: torch.Tensor, top_k: int, mix_temperature: float = 0.
     return cand_ids, cand_probs / cand_probs.sum(-1, keepdim=True)
 
 
+class DecodeStep:
+    """The model's one-token decode step as a function of fixed buffers, so that on CUDA it is captured once
+    into a CUDA graph and each step is a single replay instead of ~20 kernel launches per layer.
+
+    Buffers: inputs [B, 1, d] (the embedding or mixture fed), positions [B, 1] (RoPE positions) and
+    cache_pos [] (the cache slot written), all overwritten in place before every step; the attention mask
+    is the whole [B, max_len] key mask, so that shapes never change: slots not yet written are hidden by
+    the causal part of the mask (a key slot must not exceed cache_pos). Returns fp32 logits [B, V]; with a
+    graph they live in a static buffer that the next step overwrites, so use them before calling again.
+    Sampling stays outside the graph: it draws from the caller's torch.Generator, eagerly.
+    """
+
+    def __init__(self, model, cache, key_mask: torch.Tensor, *, cuda_graph: bool, warmup_pos: int):
+        embed = model.embed_tokens.weight
+        B, d = key_mask.shape[0], embed.shape[1]
+        self.model, self.cache, self.key_mask = model, cache, key_mask
+        self.inputs = torch.zeros(B, 1, d, dtype=embed.dtype, device=embed.device)
+        self.positions = torch.zeros(B, 1, dtype=torch.long, device=embed.device)
+        self.cache_pos = torch.full((), warmup_pos, dtype=torch.long, device=embed.device)
+        self.graph, self.logits = None, None
+        if cuda_graph:
+            self._capture()
+
+    def _forward(self) -> torch.Tensor:
+        hidden = self.model.forward_hidden(inputs_embeds=self.inputs, positions=self.positions,
+                                           attention_mask=self.key_mask, cache=self.cache, cache_pos=self.cache_pos)
+        return F.linear(hidden[:, 0], self.model.output_weight).float()  # [B, V]
+
+    def _capture(self) -> None:
+        # Warm-up runs on a side stream first (cuBLAS and attention pick and allocate their workspaces
+        # outside the capture). They write the cache at slot warmup_pos, the first decode slot, which the
+        # first real step overwrites before anything reads it.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._forward()
+
+    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, cache_pos: int) -> torch.Tensor:
+        self.inputs.copy_(inputs)
+        self.positions.copy_(positions)
+        self.cache_pos.fill_(cache_pos)
+        if self.graph is None:
+            return self._forward()
+        self.graph.replay()
+        return self.logits
+
+
 def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     P = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
@@ -151,10 +203,14 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
 
 
 @torch.no_grad()
+@torch.autocast("cuda", enabled=False)  # the model's own dtype throughout, inside the CUDA graph too
 def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: Exploration = Exploration(), *,
              neighbor_table: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             check_every: int = 8, keep_logits: bool = False) -> Rollout:
-    """Sample one response per prompt (prompts of any lengths, left-padded into one batch)."""
+             check_every: int = 8, keep_logits: bool = False, cuda_graph: bool | None = None) -> Rollout:
+    """Sample one response per prompt (prompts of any lengths, left-padded into one batch).
+
+    The model runs in its own dtype (autocast is off inside; on GPU pass a bf16 model). cuda_graph: replay
+    the decode step from a CUDA graph (DecodeStep); None = whenever the model is on a CUDA device."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt and no empty prompt")
     if exploration.strategy == "neighbor" and (neighbor_table is None or
@@ -163,6 +219,8 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
                          "columns (neighbors.build_neighbor_table)")
     embed = model.embed_tokens.weight  # [V, d]: mixtures are always of input embeddings
     device = embed.device
+    if cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs a model on a CUDA device; this one is on {device}")
     B, T_max, K = len(prompts), sampling.max_new_tokens, exploration.num_candidates
     prompt_ids, prompt_mask = _left_pad(prompts, sampling.pad_id, device)
     P = prompt_ids.shape[1]
@@ -191,6 +249,8 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     cand_table = None if neighbor_table is None else candidate_table(neighbor_table, exploration.num_neighbors)
     # The Bernoulli(mix_rate) coin of every (step, row), drawn up front: one kernel instead of two per step.
     coins = torch.rand(T_max, B, device=device, generator=generator) < exploration.mix_rate  # [T_max, B]
+    step = DecodeStep(model, cache, key_mask, warmup_pos=P,
+                      cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
 
     for t in range(T_max):
         if keep_logits:
@@ -204,7 +264,10 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
         active = ~finished
         token = torch.where(active, token, sampling.pad_id)
         response_ids[:, t] = token
-        logprobs[:, t] = torch.where(active, scores.log_softmax(-1).gather(-1, token[:, None])[:, 0], 0.0)
+        # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
+        # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)
+        # would underflow.
+        logprobs[:, t] = torch.where(active, probs.gather(-1, token[:, None])[:, 0].log(), 0.0)
         lengths += active
         finished |= active & torch.isin(token, stop_ids)
         if exploration.stop_mixing_id is not None:  # the step that samples it is not mixed either
@@ -234,9 +297,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
             rms = inputs.float().pow(2).mean(-1, keepdim=True).sqrt()
             noise = torch.randn(inputs.shape, device=device, generator=generator) * exploration.noise_sigma * rms
             inputs = torch.where(mix[:, None], inputs.float() + noise, inputs.float()).to(inputs.dtype)
-        hidden = model.forward_hidden(inputs_embeds=inputs[:, None], positions=(prompt_lens + t)[:, None],
-                                      attention_mask=key_mask[:, : P + t + 1], cache=cache, cache_pos=P + t)
-        logits = F.linear(hidden[:, 0], model.output_weight).float()
+        logits = step(inputs[:, None], (prompt_lens + t)[:, None], P + t)
 
     T = int(lengths.max())  # the one sync at the end: trim to the longest response
     return Rollout(

@@ -398,10 +398,9 @@ def run(cfg: Config) -> dict:
             batch = batcher.next_batch()
             draw_rows = [p for p in batch for _ in range(cfg.group_size)]  # G consecutive rows per prompt: a group
             rollout_start = time.perf_counter()
-            sampler.eval()
-            with autocast(device):
-                draw = generate(sampler, [p["prompt_ids"] for p in draw_rows], sampling, exploration,
-                                neighbor_table=table, generator=generator)
+            sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
+            draw = generate(sampler, [p["prompt_ids"] for p in draw_rows], sampling, exploration,
+                            neighbor_table=table, generator=generator)
             rollout_s += time.perf_counter() - rollout_start
             draw_texts = tokenizer.batch_decode(draw.responses(), skip_special_tokens=True)
             score_start = time.perf_counter()

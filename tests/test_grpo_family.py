@@ -226,6 +226,17 @@ PINNED_WEIGHTS = {
 }
 
 
+# The sampler's own log-probs changed arithmetic after the pins were taken (log p(y) from the softmax instead of
+# a log_softmax over the vocabulary, to save a vocabulary-sized pass per step: ~1e-7 apart). With the default
+# --old-logp replay they enter only the logged rollout-vs-replay gap, so the pins compare everything else
+# bit for bit, and the gap only for its size.
+SAMPLER_GAP = ("logp_gap_mean", "logp_gap_max")
+
+
+def without_sampler_gap(metrics: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if k not in SAMPLER_GAP} for m in metrics]
+
+
 def test_defaults_are_unchanged(tmp_path):
     """The default code path is bit-identical to before the GRPO-family flags: the same metrics and weights
     after 2 steps. The pinned numbers hold for torch 2.13.0 on this kind of CPU; another torch or CPU may
@@ -233,7 +244,8 @@ def test_defaults_are_unchanged(tmp_path):
     weight decay alone: this pins the path's arithmetic, not a learning signal."""
     cfg = tiny(tmp_path, max_steps=2)
     metrics = [{k: v for k, v in m.items() if k not in TIMING} for m in history(cfg)]
-    assert metrics == PINNED_METRICS
+    assert without_sampler_gap(metrics) == without_sampler_gap(PINNED_METRICS)
+    assert all(m["logp_gap_max"] < 1e-6 for m in metrics)
     weights = load_model(str(Path(cfg.out_dir) / "checkpoints" / "step-2"), dtype=torch.float32, device="cpu").state_dict()
     assert {name: (float(weights[name].double().sum()), [float(x).hex() for x in weights[name].flatten()[:3]])
             for name in PINNED_WEIGHTS} == PINNED_WEIGHTS
@@ -277,4 +289,6 @@ def test_defaults_are_unchanged_with_a_learning_signal():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["metrics"][0]["grad_norm"] > 0 and result["metrics"][0]["loss"] != 0.0
-    assert result == PINNED_LEARNING_RUN
+    assert result["weights"] == PINNED_LEARNING_RUN["weights"]
+    assert without_sampler_gap(result["metrics"]) == without_sampler_gap(PINNED_LEARNING_RUN["metrics"])
+    assert all(m["logp_gap_max"] < 1e-6 for m in result["metrics"])

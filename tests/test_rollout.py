@@ -242,3 +242,8 @@ def test_rows_stop_at_their_stop_token_and_the_loop_exits_early(models):
 def test_neighbor_strategy_without_a_table_is_a_clear_error(models):
     with pytest.raises(ValueError, match="neighbor_table"):
         generate(models[1], PROMPTS, Sampling(), Exploration("neighbor"))
+
+
+def test_cuda_graph_on_a_cpu_model_is_a_clear_error(models):
+    with pytest.raises(ValueError, match="CUDA device"):
+        generate(models[1], PROMPTS, Sampling(max_new_tokens=4), cuda_graph=True)
