@@ -38,6 +38,10 @@ class Config:
     temperature: float = option(1.0, "sampling temperature of training rollouts")
     top_p: float = option(1.0, "nucleus sampling threshold of training rollouts (1 = off)")
     top_k: int = option(0, "sample only from the k most likely tokens (0 = off)")
+    rollout_batch_size: int = option(0, "rows (prompts x G) decoded together per generate call; 0 = all of a "
+                                        "step's rows at once. The KV cache grows with rows x (prompt + "
+                                        "max_new_tokens): for 1.5B in bf16 256 rows x 8.4k tokens take ~62 GB, "
+                                        "so lower this (e.g. 128) on an 80 GB GPU")
 
     # --- exploration (DESIGN.md §3 steps 2-6 and the baselines)
     explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
@@ -107,7 +111,8 @@ class Config:
     lr: float = option(5e-7, "AdamW learning rate (constant)")
     weight_decay: float = option(0.01, "AdamW weight decay")
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
-    grad_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
+    grad_checkpointing: bool = option(True, "recompute each block's activations in the backward pass: what makes "
+                                            "8k-token sequences fit (--no-grad-checkpointing to store them)")
     logprob_chunk_tokens: int = option(1024, "positions whose vocabulary logits exist at once when computing "
                                        "log-probs (memory O(chunk x V), never O(B x T x V))")
 
@@ -144,6 +149,7 @@ class Config:
              f"mini_batch_prompts ({self.mini_batch_prompts}) must divide prompts_per_step ({self.prompts_per_step})"),
             (self.micro_batch_size >= 1 and self.logprob_chunk_tokens >= 1, "micro_batch_size and "
              "logprob_chunk_tokens must be at least 1"),
+            (self.rollout_batch_size >= 0, "rollout_batch_size must be >= 0 (0 = all rows at once)"),
             (self.sft_steps >= 0 and self.sft_batch_size >= 1 and self.sft_lr > 0, "sft_steps must be >= 0, "
              "sft_batch_size >= 1 and sft_lr > 0"),
             (self.device in ("", "cpu", "cuda") or self.device.startswith("cuda:"), "device must be cpu or cuda"),
@@ -186,7 +192,7 @@ class Config:
 _1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
 _SMALL = dict(model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=256, max_new_tokens=24,
               prompts_per_step=16, mini_batch_prompts=8, micro_batch_size=64, lr=2e-4, kl_coef=0.0,
-              save_every=0, log_completions_every=0)
+              save_every=0, log_completions_every=0, grad_checkpointing=False)
 
 PRESETS: dict[str, dict] = {
     # The released code's N-GRPO recipe for 1.5B: the dataclass defaults.

@@ -61,6 +61,11 @@ class Episodes:
         return mask if self.in_loss is None else mask & self.in_loss[:, None].to(mask.device)
 
 
+def autocast(device: torch.device):
+    """bf16 autocast on GPU (weights and optimizer stay fp32); nothing on CPU, where all is fp32."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def backward_minibatch(model, episodes: Episodes, cfg, *, micro_batch_size: int, temperature: float = 1.0,
                        chunk_tokens: int = 1024) -> dict:
     """Accumulates into .grad the gradient of the loss over all response tokens of `episodes` (aggregated as
@@ -73,14 +78,16 @@ def backward_minibatch(model, episodes: Episodes, cfg, *, micro_batch_size: int,
     normalizer = num_tokens if cfg.loss_agg == "token-mean" else full_mask.any(-1).sum().clamp_min(1).to(torch.float32)
     totals: dict[str, float] = {}
     entropy_sum = 0.0
+    device = model.embed_tokens.weight.device
     for start in range(0, len(episodes), micro_batch_size):
         micro = episodes.rows(slice(start, start + micro_batch_size))
-        logp, entropy = sequence_logprobs(model, micro.prompts, micro.cand_ids, micro.cand_weights, micro.lengths,
-                                          micro.response_ids, temperature=temperature, chunk_tokens=chunk_tokens)
-        mask = micro.response_mask().to(logp.device)
-        loss, metrics = policy_loss(logp, micro.old_logp.to(logp.device), micro.advantages.to(logp.device), mask,
-                                    ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(logp.device),
-                                    cfg=cfg, normalizer=normalizer.to(logp.device))
+        with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
+            logp, entropy = sequence_logprobs(model, micro.prompts, micro.cand_ids, micro.cand_weights, micro.lengths,
+                                              micro.response_ids, temperature=temperature, chunk_tokens=chunk_tokens)
+            mask = micro.response_mask().to(device)
+            loss, metrics = policy_loss(logp, micro.old_logp.to(device), micro.advantages.to(device), mask,
+                                        ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
+                                        cfg=cfg, normalizer=normalizer.to(device))
         if not torch.isfinite(loss):
             return {"loss": float(loss.detach()), "finite": False}
         loss.backward()
@@ -123,11 +130,6 @@ def rollout_rows(rollout, index: list[int]):
                    **{name: getattr(rollout, name)[torch.tensor(index, dtype=torch.long,
                                                                 device=getattr(rollout, name).device)]
                       for name in ROLLOUT_TENSORS})
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on GPU (weights and optimizer stay fp32); nothing on CPU, where all is fp32."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def replay_logprobs(model, rollout, *, micro_batch_size: int, temperature: float, chunk_tokens: int, device):
@@ -210,10 +212,9 @@ def optimize(policy, optimizer, params, episodes: Episodes, cfg, device) -> tupl
     for _ in range(cfg.ppo_epochs):
         for start in range(0, len(episodes), per_minibatch):
             optimizer.zero_grad(set_to_none=True)
-            with autocast(device):
-                result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
-                                            micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                                            chunk_tokens=cfg.logprob_chunk_tokens)
+            result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
+                                        micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                                        chunk_tokens=cfg.logprob_chunk_tokens)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             if not result.pop("finite") or not torch.isfinite(grad_norm):
                 skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
@@ -399,8 +400,10 @@ def run(cfg: Config) -> dict:
             draw_rows = [p for p in batch for _ in range(cfg.group_size)]  # G consecutive rows per prompt: a group
             rollout_start = time.perf_counter()
             sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
-            draw = generate(sampler, [p["prompt_ids"] for p in draw_rows], sampling, exploration,
-                            neighbor_table=table, generator=generator)
+            per_call = cfg.rollout_batch_size or len(draw_rows)
+            draw = join_rollouts([generate(sampler, [p["prompt_ids"] for p in draw_rows[start : start + per_call]],
+                                           sampling, exploration, neighbor_table=table, generator=generator)
+                                  for start in range(0, len(draw_rows), per_call)], pad_id)
             rollout_s += time.perf_counter() - rollout_start
             draw_texts = tokenizer.batch_decode(draw.responses(), skip_special_tokens=True)
             score_start = time.perf_counter()

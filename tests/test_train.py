@@ -189,3 +189,19 @@ def test_outputs_of_a_run(tmp_path):
         assert key in first, key
     assert first["logp_gap_max"] < 1e-4  # on CPU the sampler is the policy: replay sees the same numbers
     assert 0.0 < first["mix_rate"] < 0.3  # neighbor mixing at rate 0.1
+
+
+def test_rollout_batch_size_splits_a_steps_rows_into_generate_calls(tmp_path, monkeypatch):
+    calls = []
+    real = train.generate
+
+    def recording(model, prompts, *args, **kwargs):
+        calls.append([tuple(p) for p in prompts])
+        return real(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(train, "generate", recording)
+    summary = train.run(tiny(tmp_path, max_steps=1, rollout_batch_size=12))  # 8 prompts x G = 4: 32 rows
+    assert [len(c) for c in calls] == [12, 12, 8]
+    rows = [p for c in calls for p in c]
+    assert all(len(set(rows[g * 4 : g * 4 + 4])) == 1 for g in range(8))  # each group's G rows: one prompt
+    assert summary["steps"] == 1
