@@ -570,7 +570,9 @@ def bench_train(args: argparse.Namespace) -> None:
     with torch.no_grad():
         rows = ids[:1, : min(args.seq_len, 1024)]
         gap = float((ours_logprobs(model, rows) - theirs_logprobs(twin, rows)).abs().max())
-    assert gap < 1e-4, f"ours and transformers disagree on the log-probs by {gap:.2e}"
+    # fp32 on CUDA: the two pick different attention kernels, whose sums round differently.
+    tolerance = 1e-4 if device.type == "cpu" else 1e-3
+    assert gap < tolerance, f"ours and transformers disagree on the log-probs by {gap:.2e}"
     note(f"train: ours and transformers' fp32 log-probs agree to {gap:.1e} (max abs diff)")
 
     if device.type == "cpu":
@@ -599,7 +601,7 @@ def bench_train(args: argparse.Namespace) -> None:
         emit({"bench": "train", "impl": impl, "device": device.type, "shape": args.shape, "batch": args.batch,
               "seq_len": args.seq_len, "tokens_per_s": round(args.batch * args.seq_len / statistics.median(timings), 1),
               "median_s": round(statistics.median(timings), 4), "min_s": round(min(timings), 4),
-              "peak_mem_mb": peak[impl], "grad_checkpointing": args.grad_checkpointing})
+              "peak_mem_mb": peak[impl], "grad_checkpointing": args.grad_checkpointing, "fp32_logp_gap": gap})
 
 
 # ----------------------------------------------------------------------------------------------------
