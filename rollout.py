@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
 
 STRATEGIES = ("none", "neighbor", "soft", "gaussian")
@@ -206,11 +207,13 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
 @torch.autocast("cuda", enabled=False)  # the model's own dtype throughout, inside the CUDA graph too
 def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: Exploration = Exploration(), *,
              neighbor_table: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             check_every: int = 8, keep_logits: bool = False, cuda_graph: bool | None = None) -> Rollout:
+             check_every: int = 8, keep_logits: bool = False, cuda_graph: bool | None = None,
+             prefill_tokens: int = 16384) -> Rollout:
     """Sample one response per prompt (prompts of any lengths, left-padded into one batch).
 
     The model runs in its own dtype (autocast is off inside; on GPU pass a bf16 model). cuda_graph: replay
-    the decode step from a CUDA graph (DecodeStep); None = whenever the model is on a CUDA device."""
+    the decode step from a CUDA graph (DecodeStep); None = whenever the model is on a CUDA device.
+    prefill_tokens: prompt tokens (rows x the longest prompt) per prefill forward."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt and no empty prompt")
     if exploration.strategy == "neighbor" and (neighbor_table is None or
@@ -232,8 +235,13 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
 
     cache = model.new_cache(B, P + T_max)
     key_mask = torch.cat([prompt_mask, torch.ones(B, T_max, dtype=torch.bool, device=device)], dim=1)
-    hidden = model.forward_hidden(prompt_ids, attention_mask=prompt_mask, cache=cache, cache_pos=0)
-    logits = F.linear(hidden[:, -1], model.output_weight).float()  # [B, V]: only the last position is needed
+    # Prefill in row chunks of ~prefill_tokens prompt tokens: bounds the [rows, 1, P, P] mask and the MLP
+    # activations when prompts are long (4k-token prompts x 256 rows would need tens of GB at once).
+    rows = max(1, prefill_tokens // P)
+    last_hidden = [model.forward_hidden(prompt_ids[r : r + rows], attention_mask=prompt_mask[r : r + rows],
+                                        cache=KVCache(cache.k[:, r : r + rows], cache.v[:, r : r + rows]),
+                                        cache_pos=0)[:, -1] for r in range(0, B, rows)]
+    logits = F.linear(torch.cat(last_hidden), model.output_weight).float()  # [B, V]: only the last position
 
     response_ids = torch.full((B, T_max), sampling.pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(B, T_max, device=device)

@@ -64,6 +64,17 @@ def test_left_padding_changes_nothing(models):
         assert alone.responses()[0] == greedy_batch.responses()[row]
 
 
+@torch.no_grad()
+def test_prefill_in_row_chunks_changes_nothing(models):
+    """Long prompts are prefilled a few rows at a time; every row's logits equal the one-chunk prefill's."""
+    _, ours = models
+    kwargs = dict(sampling=Sampling(temperature=0.9, max_new_tokens=8), keep_logits=True)
+    whole = generate(ours, PROMPTS, generator=seeded(4), **kwargs)
+    chunked = generate(ours, PROMPTS, generator=seeded(4), prefill_tokens=8, **kwargs)  # P = 7: one row a chunk
+    assert torch.equal(whole.response_ids, chunked.response_ids)
+    assert (whole.logits - chunked.logits).abs().max() < 1e-5
+
+
 def replay_logits(hf, rollout, row):
     """transformers' full forward over the prompt's embeddings followed by the recorded mixtures, computed
     here by hand as sum_k w_k E[id_k]; returns the logits that predicted each response token."""
