@@ -38,17 +38,9 @@ def models(tmp_path_factory):
     return hf.cuda(), M.load_model(str(path), dtype=torch.float32, device="cuda").eval()
 
 
+# fp32 matmuls stay full fp32 here: PyTorch's default leaves TF32 off for them.
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator("cuda").manual_seed(seed)
-
-
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    """fp32 matmuls in full fp32 (no TF32), so that comparisons with transformers are meaningful."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before
 
 
 @torch.no_grad()
