@@ -21,7 +21,9 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-EVAL_DATA = Path(__file__).resolve().parent.parent / "shared" / "data" / "eval"
+# ../shared/data beside the repo; NGRPO_SHARED_DATA points elsewhere (e.g. a copy carried to a GPU machine).
+SHARED_DATA = Path(os.environ.get("NGRPO_SHARED_DATA") or Path(__file__).resolve().parent.parent / "shared" / "data")
+EVAL_DATA = SHARED_DATA / "eval"
 
 
 def emit(record: dict) -> None:
@@ -318,7 +320,7 @@ def shape_config(shape: str):
 
     if shape == "tiny":
         return TINY_CONFIG
-    path = EVAL_DATA.parent / SHAPES[shape]
+    path = SHARED_DATA / SHAPES[shape]
     if not path.is_file():
         sys.exit(f"{path} not found: the {shape} shape needs ../shared/data")
     return path
