@@ -173,15 +173,16 @@ class DecodeStep:
         # Warm-up runs on a side stream first (cuBLAS and attention pick and allocate their workspaces
         # outside the capture). They write the cache at slot warmup_pos, the first decode slot, which the
         # first real step overwrites before anything reads it.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._forward()
+        with torch.cuda.device(self.inputs.device):  # the model's GPU, whichever is current
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._forward()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._forward()
 
     def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, cache_pos: int) -> torch.Tensor:
         self.inputs.copy_(inputs)
