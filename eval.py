@@ -221,7 +221,8 @@ def main(argv=None) -> dict:
 
     def generate_fn(prompts, seed):
         generator = torch.Generator(args.device).manual_seed(seed)
-        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator)
+        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator,
+                           progress=True)
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 

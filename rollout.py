@@ -17,10 +17,12 @@ the loop syncs with the host only every `check_every` steps to see whether every
                        neighbor_table=table, generator=torch.Generator("cuda").manual_seed(0))
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
@@ -209,12 +211,13 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
 def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: Exploration = Exploration(), *,
              neighbor_table: torch.Tensor | None = None, generator: torch.Generator | None = None,
              check_every: int = 8, keep_logits: bool = False, cuda_graph: bool | None = None,
-             prefill_tokens: int = 16384) -> Rollout:
+             prefill_tokens: int = 16384, progress: bool = False) -> Rollout:
     """Sample one response per prompt (prompts of any lengths, left-padded into one batch).
 
     The model runs in its own dtype (autocast is off inside; on GPU pass a bf16 model). cuda_graph: replay
     the decode step from a CUDA graph (DecodeStep); None = whenever the model is on a CUDA device.
-    prefill_tokens: prompt tokens (rows x the longest prompt) per prefill forward."""
+    prefill_tokens: prompt tokens (rows x the longest prompt) per prefill forward. progress: a tqdm bar on
+    stderr (decoded steps, finished rows) for rollouts that last more than 2 s."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt and no empty prompt")
     if exploration.strategy == "neighbor" and (neighbor_table is None or
@@ -260,6 +263,8 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     coins = torch.rand(T_max, B, device=device, generator=generator) < exploration.mix_rate  # [T_max, B]
     step = DecodeStep(model, cache, key_mask, warmup_pos=P,
                       cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
+    # Shown only when a rollout takes more than 2 s (long responses), and only when asked for.
+    bar = tqdm(total=T_max, desc="rollout", unit="tok", leave=False, delay=2, file=sys.stderr, disable=not progress)
 
     for t in range(T_max):
         if keep_logits:
@@ -299,8 +304,14 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
             mixed_out[:, t] = mix
         cand_ids_out[:, t], cand_weights_out[:, t] = cand_ids, cand_weights
 
-        if t == T_max - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
+        if t == T_max - 1:
             break
+        if (t + 1) % check_every == 0:
+            done = int(finished.sum())  # the loop's one host sync, every check_every steps
+            bar.update(check_every)
+            bar.set_postfix_str(f"{done}/{B} rows finished", refresh=False)
+            if done == B:
+                break
         inputs = mixed_embeddings(embed, cand_ids, cand_weights)  # [B, d]
         if explore == "gaussian":
             rms = inputs.float().pow(2).mean(-1, keepdim=True).sqrt()
@@ -308,7 +319,8 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
             inputs = torch.where(mix[:, None], inputs.float() + noise, inputs.float()).to(inputs.dtype)
         logits = step(inputs[:, None], (prompt_lens + t)[:, None], P + t)
 
-    T = int(lengths.max())  # the one sync at the end: trim to the longest response
+    bar.close()
+    T = int(lengths.max())  # trim to the longest response
     return Rollout(
         prompts=[list(p) for p in prompts], response_ids=response_ids[:, :T], lengths=lengths, finished=finished,
         logprobs=logprobs[:, :T], cand_ids=cand_ids_out[:, :T], cand_weights=cand_weights_out[:, :T],

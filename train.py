@@ -135,8 +135,9 @@ def rollout_rows(rollout, index: list[int]):
 def replay_logprobs(model, rollout, *, micro_batch_size: int, temperature: float, chunk_tokens: int, device):
     """No-grad log-probs of every response token by replaying the recorded inputs, in micro-batches."""
     parts = []
+    starts = range(0, len(rollout.prompts), micro_batch_size)
     with torch.no_grad(), autocast(device):
-        for start in range(0, len(rollout.prompts), micro_batch_size):
+        for start in tqdm(starts, desc="replay", leave=False, delay=2, file=sys.stderr):
             rows = slice(start, start + micro_batch_size)
             logp, _ = sequence_logprobs(model, rollout.prompts[rows], rollout.cand_ids[rows], rollout.cand_weights[rows],
                                         rollout.lengths[rows], rollout.response_ids[rows], temperature=temperature,
@@ -209,21 +210,21 @@ def optimize(policy, optimizer, params, episodes: Episodes, cfg, device) -> tupl
     policy.train()
     update, skipped = {}, 0
     per_minibatch = cfg.mini_batch_prompts * cfg.group_size
-    for _ in range(cfg.ppo_epochs):
-        for start in range(0, len(episodes), per_minibatch):
+    starts = [start for _ in range(cfg.ppo_epochs) for start in range(0, len(episodes), per_minibatch)]
+    for start in tqdm(starts, desc="update", unit="minibatch", leave=False, delay=2, file=sys.stderr):
+        optimizer.zero_grad(set_to_none=True)
+        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
+                                    micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                                    chunk_tokens=cfg.logprob_chunk_tokens)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        if not result.pop("finite") or not torch.isfinite(grad_norm):
+            skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
             optimizer.zero_grad(set_to_none=True)
-            result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
-                                        micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                                        chunk_tokens=cfg.logprob_chunk_tokens)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            if not result.pop("finite") or not torch.isfinite(grad_norm):
-                skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
-                optimizer.zero_grad(set_to_none=True)
-                continue
-            optimizer.step()
-            result["grad_norm"] = float(grad_norm)
-            for key, value in result.items():
-                update.setdefault(key, []).append(value)
+            continue
+        optimizer.step()
+        result["grad_norm"] = float(grad_norm)
+        for key, value in result.items():
+            update.setdefault(key, []).append(value)
     return update, skipped
 
 
@@ -402,7 +403,8 @@ def run(cfg: Config) -> dict:
             sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
             per_call = cfg.rollout_batch_size or len(draw_rows)
             draw = join_rollouts([generate(sampler, [p["prompt_ids"] for p in draw_rows[start : start + per_call]],
-                                           sampling, exploration, neighbor_table=table, generator=generator)
+                                           sampling, exploration, neighbor_table=table, generator=generator,
+                                           progress=True)
                                   for start in range(0, len(draw_rows), per_call)], pad_id)
             rollout_s += time.perf_counter() - rollout_start
             draw_texts = tokenizer.batch_decode(draw.responses(), skip_special_tokens=True)
