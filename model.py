@@ -188,11 +188,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         # read as it is instead of copied `groups` times. Head h uses KV head h // groups, as in HF.
         out = F.scaled_dot_product_attention(q.view(B, -1, groups, D), k, v, attn_mask=mask)
         return out.view(B, H, 1, D)
-    # Training and full forwards: the kernel reads each KV head for its query heads itself. On CUDA only
-    # flash attention does that (bf16 / fp16); other kernels would silently fall back to the slow math one.
-    if mask is None and (q.device.type == "cpu" or q.dtype in (torch.bfloat16, torch.float16)):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups > 1)
-    k = k.repeat_interleave(groups, dim=1)  # [B, H, S, D]: what the masked (prefill) and fp32 CUDA kernels take
+    k = k.repeat_interleave(groups, dim=1)
     v = v.repeat_interleave(groups, dim=1)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
