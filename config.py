@@ -128,6 +128,8 @@ class Config:
     save_every: int = option(50, "write a checkpoint every N steps (0 = only at the end)")
     keep_last: int = option(2, "checkpoints kept on disk (older ones are deleted)")
     resume: bool = option(False, "continue exactly from the latest complete checkpoint in --out-dir")
+    overwrite: bool = option(False, "start a new run in an --out-dir that holds checkpoints of an earlier one, "
+                                    "deleting them (without it such a run stops at once; ignored with --resume)")
     log_completions_every: int = option(10, "print a few sample completions every N steps (0 = never)")
     eval_data: str = option("", "held-out problems for accuracy before / after training (a file or arith:...); "
                             "empty = the test split of a built-in --data, else none")
@@ -207,10 +209,10 @@ PRESETS: dict[str, dict] = {
     "negative-grpo": dict(model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
                           filter_groups="all_correct", kl_coef=0.0),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
-    "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4),
+    "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4, overwrite=True),
     # The offline demo: the random tiny model learns the answer format from 300 teacher-forced steps on
     # worked solutions, then 60 N-GRPO steps raise its greedy accuracy on 200 held-out problems.
-    "demo": dict(_SMALL, out_dir="runs/demo", sft_steps=300, sft_lr=3e-3, group_size=8, mini_batch_prompts=16,
+    "demo": dict(_SMALL, out_dir="runs/demo", overwrite=True, sft_steps=300, sft_lr=3e-3, group_size=8, mini_batch_prompts=16,
                  micro_batch_size=128, max_steps=60, eval_problems=200, eval_every=20, log_completions_every=20),
 }
 

@@ -276,6 +276,10 @@ def format_line(m: dict) -> str:
 def run(cfg: Config) -> dict:
     """The whole run; returns the summary also written to OUT/summary.json."""
     out_dir = Path(cfg.out_dir)
+    earlier = [] if cfg.resume else checkpoint_dirs(out_dir)  # checkpoints of another run in the same place
+    if earlier and not cfg.overwrite:
+        raise SystemExit(f"error: {out_dir} holds checkpoints of an earlier run (latest: {earlier[-1].name}); pass "
+                         "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -309,6 +313,8 @@ def run(cfg: Config) -> dict:
     checkpoints = checkpoint_dirs(out_dir) if cfg.resume else []
     if cfg.resume and not checkpoints:
         print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning", file=sys.stderr)
+    if earlier:  # --overwrite: a later --resume must never pick up the other run's checkpoints
+        shutil.rmtree(out_dir / "checkpoints")
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg.save_json(out_dir / "config.json")
 

@@ -205,3 +205,15 @@ def test_rollout_batch_size_splits_a_steps_rows_into_generate_calls(tmp_path, mo
     rows = [p for c in calls for p in c]
     assert all(len(set(rows[g * 4 : g * 4 + 4])) == 1 for g in range(8))  # each group's G rows: one prompt
     assert summary["steps"] == 1
+
+
+def test_a_new_run_over_an_earlier_runs_checkpoints_stops_unless_told(tmp_path):
+    """Without --resume or --overwrite a second run in the same --out-dir stops before any work, so hours of
+    checkpoints are never clobbered; with --overwrite it starts over and leaves only its own checkpoints."""
+    train.run(tiny(tmp_path, max_steps=2, save_every=1))
+    assert [d.name for d in train.checkpoint_dirs(tmp_path / "run")] == ["step-1", "step-2"]
+    with pytest.raises(SystemExit, match="holds checkpoints of an earlier run .latest: step-2.*--resume.*--overwrite"):
+        train.run(tiny(tmp_path, max_steps=1, overwrite=False))
+    train.run(tiny(tmp_path, max_steps=1, overwrite=True))
+    assert [d.name for d in train.checkpoint_dirs(tmp_path / "run")] == ["step-1"]
+    assert len(read_metrics(tmp_path / "run")) == 1
