@@ -433,13 +433,14 @@ def bench_neighbors(args: argparse.Namespace) -> None:
 
     first = build()  # includes one-off costs (cuBLAS handles, kernel selection)
     seconds = [build() for _ in range(args.repeats)]
-    before = weight.numel() * weight.element_size() if device.type == "cuda" else 0
+    # peak_mem_mb: on CUDA the allocator's peak during the last build above the matrix itself; on CPU the
+    # process's peak RSS.
+    weight_mb = weight.numel() * weight.element_size() / 2**20 if device.type == "cuda" else 0.0
     emit({"bench": "neighbors", "device": device.type, "shape": shape, "vocab": weight.shape[0],
           "dim": weight.shape[1], "dtype": str(dtype).removeprefix("torch."), "k": args.k, "metric": args.metric,
           "first_s": round(first, 4), "median_s": round(statistics.median(seconds), 4),
           "min_s": round(min(seconds), 4), "repeats": args.repeats,
-          "peak_mem_mb": round(peak_mem_mb(device) - before / 2**20, 1) if device.type == "cuda"
-          else peak_mem_mb(device)})
+          "peak_mem_mb": round(peak_mem_mb(device) - weight_mb, 1)})
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -147,34 +147,37 @@ class DecodeStep:
     """The model's one-token decode step as a function of fixed buffers, so that on CUDA it is captured once
     into a CUDA graph and each step is a single replay instead of ~20 kernel launches per layer.
 
-    Buffers: inputs [B, 1, d] (the embedding or mixture fed), positions [B, 1] (RoPE positions) and
-    cache_pos [] (the cache slot written), all overwritten in place before every step; the attention mask
-    is the whole [B, max_len] key mask, so that shapes never change: slots not yet written are hidden by
-    the causal part of the mask (a key slot must not exceed cache_pos). Returns fp32 logits [B, V]; with a
+    Buffers: inputs [B, 1, d] (the embedding or mixture fed) and cache_pos [] (the cache slot written),
+    overwritten in place before every step; each row's RoPE position follows from the slot (its prompt
+    length + the slot's offset past the left-padded prompt width P). The attention mask is the whole
+    [B, max_len] key mask, so that shapes never change: slots not yet written are hidden by the causal
+    part of the mask (a key slot must not exceed cache_pos). Returns fp32 logits [B, V]; with a
     graph they live in a static buffer that the next step overwrites, so use them before calling again.
     Sampling stays outside the graph: it draws from the caller's torch.Generator, eagerly.
     """
 
-    def __init__(self, model, cache, key_mask: torch.Tensor, *, cuda_graph: bool, warmup_pos: int):
+    def __init__(self, model, cache, key_mask: torch.Tensor, prompt_lens: torch.Tensor, prompt_width: int, *,
+                 cuda_graph: bool):
         embed = model.embed_tokens.weight
         B, d = key_mask.shape[0], embed.shape[1]
         self.model, self.cache, self.key_mask = model, cache, key_mask
+        self.prompt_lens, self.prompt_width = prompt_lens[:, None], prompt_width
         self.inputs = torch.zeros(B, 1, d, dtype=embed.dtype, device=embed.device)
-        self.positions = torch.zeros(B, 1, dtype=torch.long, device=embed.device)
-        self.cache_pos = torch.full((), warmup_pos, dtype=torch.long, device=embed.device)
+        self.cache_pos = torch.full((), self.prompt_width, dtype=torch.long, device=embed.device)
         self.graph, self.logits = None, None
         if cuda_graph:
             self._capture()
 
     def _forward(self) -> torch.Tensor:
-        hidden = self.model.forward_hidden(inputs_embeds=self.inputs, positions=self.positions,
+        positions = self.prompt_lens + (self.cache_pos - self.prompt_width)  # [B, 1]
+        hidden = self.model.forward_hidden(inputs_embeds=self.inputs, positions=positions,
                                            attention_mask=self.key_mask, cache=self.cache, cache_pos=self.cache_pos)
         return F.linear(hidden[:, 0], self.model.output_weight).float()  # [B, V]
 
     def _capture(self) -> None:
         # Warm-up runs on a side stream first (cuBLAS and attention pick and allocate their workspaces
-        # outside the capture). They write the cache at slot warmup_pos, the first decode slot, which the
-        # first real step overwrites before anything reads it.
+        # outside the capture). They write the cache at slot P, the first decode slot, which the first real
+        # step overwrites before anything reads it.
         with torch.cuda.device(self.inputs.device):  # the model's GPU, whichever is current
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -186,9 +189,8 @@ class DecodeStep:
             with torch.cuda.graph(self.graph):
                 self.logits = self._forward()
 
-    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, cache_pos: int) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, cache_pos: int) -> torch.Tensor:
         self.inputs.copy_(inputs)
-        self.positions.copy_(positions)
         self.cache_pos.fill_(cache_pos)
         if self.graph is None:
             return self._forward()
@@ -261,7 +263,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     cand_table = None if neighbor_table is None else candidate_table(neighbor_table, exploration.num_neighbors)
     # The Bernoulli(mix_rate) coin of every (step, row), drawn up front: one kernel instead of two per step.
     coins = torch.rand(T_max, B, device=device, generator=generator) < exploration.mix_rate  # [T_max, B]
-    step = DecodeStep(model, cache, key_mask, warmup_pos=P,
+    step = DecodeStep(model, cache, key_mask, prompt_lens, P,
                       cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
     # Shown only when a rollout takes more than 2 s (long responses), and only when asked for.
     bar = tqdm(total=T_max, desc="rollout", unit="tok", leave=False, delay=2, file=sys.stderr, disable=not progress)
@@ -317,7 +319,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
             rms = inputs.float().pow(2).mean(-1, keepdim=True).sqrt()
             noise = torch.randn(inputs.shape, device=device, generator=generator) * exploration.noise_sigma * rms
             inputs = torch.where(mix[:, None], inputs.float() + noise, inputs.float()).to(inputs.dtype)
-        logits = step(inputs[:, None], (prompt_lens + t)[:, None], P + t)
+        logits = step(inputs[:, None], P + t)
 
     bar.close()
     T = int(lengths.max())  # trim to the longest response

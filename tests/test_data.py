@@ -74,27 +74,16 @@ def test_field_name_variants_are_normalised(tmp_path):
     assert [p["id"] for p in problems] == ["mixed-0", "u2", "mixed-2", "9"]
 
 
-def test_malformed_json_line_names_file_and_line(tmp_path):
-    path = write(tmp_path / "bad.jsonl", '{"problem": "a", "answer": "1"}\n\n{"problem": "b", "answer": \n')
-    with pytest.raises(data.DataError, match=re.escape(f"{path}:3: invalid JSON")):
-        data.load_problems(path)
-
-
-def test_record_without_answer_names_file_and_line(tmp_path):
-    path = write(tmp_path / "noanswer.jsonl", '{"problem": "a", "answer": "1"}\n{"problem": "b", "solution": "no box"}\n')
-    with pytest.raises(data.DataError, match=re.escape(f"{path}:2: no usable answer")):
-        data.load_problems(path)
-
-
-def test_record_without_problem_names_file_and_line(tmp_path):
-    path = write(tmp_path / "noproblem.jsonl", '{"problem": "a", "answer": "1"}\n{"text": "b", "answer": "2"}\n')
-    with pytest.raises(data.DataError, match=re.escape(f"{path}:2: no problem text")):
-        data.load_problems(path)
-
-
-def test_non_object_record_names_file_and_line(tmp_path):
-    path = write(tmp_path / "list.jsonl", '{"problem": "a", "answer": "1"}\n[1, 2]\n')
-    with pytest.raises(data.DataError, match=re.escape(f"{path}:2: expected a JSON object")):
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.jsonl", '{"problem": "a", "answer": "1"}\n\n{"problem": "b", "answer": \n', "3: invalid JSON"),
+    ("noanswer.jsonl", '{"problem": "a", "answer": "1"}\n{"problem": "b", "solution": "no box"}\n',
+     "2: no usable answer"),
+    ("noproblem.jsonl", '{"problem": "a", "answer": "1"}\n{"text": "b", "answer": "2"}\n', "2: no problem text"),
+    ("list.jsonl", '{"problem": "a", "answer": "1"}\n[1, 2]\n', "2: expected a JSON object"),
+], ids=["malformed-json", "no-answer", "no-problem", "not-an-object"])
+def test_a_bad_record_names_file_and_line(tmp_path, name, content, message):
+    path = write(tmp_path / name, content)
+    with pytest.raises(data.DataError, match=re.escape(f"{path}:{message}")):
         data.load_problems(path)
 
 
