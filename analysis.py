@@ -1,6 +1,7 @@
 """Measuring exploration and comparing runs: group-diversity diagnostics, bootstrap intervals, paired tests.
 
     python analysis.py compare RUN_A RUN_B [--out FILE]      # two eval.py output directories (or samples.jsonl)
+    python analysis.py diversity RUN [RUN ...]               # group diversity of evaluated runs
 
 Diversity (cheap, no model calls; train.py logs it every step, README "Is it better?" defines each key):
     group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., "div/distinct_1": ...}
@@ -144,7 +145,7 @@ def mixture_cosine(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weig
 
 def metric_values(correct: Sequence[Sequence[bool]], metrics: Sequence[str]) -> torch.Tensor:
     """[P, S] float64: each problem's value of each metric, "mean@n" (its accuracy c / n) or "pass@k" (the
-    unbiased estimator), so that a metric over a benchmark is the mean of its column."""
+    unbiased estimator; "pass@n" is k = n), so that a metric over a benchmark is the mean of its column."""
     sizes = {len(samples) for samples in correct}
     if len(sizes) != 1:
         raise ValueError(f"every problem needs the same number of samples, found {sorted(sizes)}")
@@ -154,8 +155,8 @@ def metric_values(correct: Sequence[Sequence[bool]], metrics: Sequence[str]) -> 
         name, _, k = metric.partition("@")
         if name == "mean" and k in ("n", str(n)):
             columns.append([sum(samples) / n for samples in correct])
-        elif name == "pass" and k.isdigit() and 1 <= int(k) <= n:
-            columns.append([pass_at_k(n, sum(samples), int(k)) for samples in correct])
+        elif name == "pass" and (k == "n" or k.isdigit() and 1 <= int(k) <= n):
+            columns.append([pass_at_k(n, sum(samples), n if k == "n" else int(k)) for samples in correct])
         else:
             raise ValueError(f"unknown metric {metric!r} for {n} samples per problem: use mean@{n} or pass@k, k <= {n}")
     return torch.tensor(columns, dtype=torch.float64).T.reshape(len(correct), len(metrics))
@@ -200,19 +201,20 @@ def intervals(correct_by_problem: Mapping[str, Sequence[bool]] | Sequence[Sequen
 # ----------------------------------------------------------------------------- paired comparison of two runs
 
 
-def load_samples(run: str | Path) -> dict[str, dict[str, list[bool]]]:
-    """benchmark -> problem id -> correct per sample index, from eval.py's samples.jsonl (a run directory or
-    the file itself). A problem with missing sample indices (an interrupted eval) is an error."""
+def load_samples(run: str | Path, field: str = "correct") -> dict[str, dict[str, list]]:
+    """benchmark -> problem id -> `field` of each sample in sample order (correct: bool), from eval.py's
+    samples.jsonl (a run directory or the file itself). A problem with missing samples (an interrupted eval)
+    is an error."""
     path = Path(run)
     path = path / "samples.jsonl" if path.is_dir() else path
     if not path.is_file():
         raise FileNotFoundError(f"{run}: no samples.jsonl (pass an eval.py --out-dir or its samples.jsonl)")
-    found: dict[str, dict[str, dict[int, bool]]] = {}
+    found: dict[str, dict[str, dict[int, object]]] = {}
     for line_no, line in enumerate(path.read_text().splitlines(), 1):
         try:
             record = json.loads(line)
-            found.setdefault(record["benchmark"], {}).setdefault(str(record["problem_id"]), {})[int(record["sample"])] = \
-                bool(record["correct"])
+            value = bool(record["correct"]) if field == "correct" else record[field]
+            found.setdefault(record["benchmark"], {}).setdefault(str(record["problem_id"]), {})[int(record["sample"])] = value
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{path}:{line_no}: not an eval.py sample record ({error})") from None
     runs = {}
@@ -299,6 +301,28 @@ def format_comparison(comparison: dict, label_a: str = "A", label_b: str = "B") 
     return "\n".join(lines)
 
 
+def sample_diversity(run: str | Path, same=None) -> dict[str, dict]:
+    """group_diversity of an evaluated run per benchmark: each problem's n samples are one group."""
+    correct, responses = load_samples(run), load_samples(run, "response")
+    result = {}
+    for benchmark, problems in correct.items():
+        ids = sorted(problems)
+        n = len(problems[ids[0]])
+        result[benchmark] = group_diversity([text for i in ids for text in responses[benchmark][i]],
+                                            [float(c) for i in ids for c in problems[i]], n, same=same)
+    return result
+
+
+def format_diversity(by_run: dict[str, dict[str, dict]]) -> str:
+    keys = ["div/distinct_answers", "div/no_answer", "div/mixed_groups"] + [f"div/distinct_{n}" for n in NGRAM_ORDERS]
+    lines = [f"{'run':<40}{'benchmark':<14}" + "".join(f"{k[4:]:>18}" for k in keys)]
+    for run, benchmarks in by_run.items():
+        for benchmark, metrics in benchmarks.items():
+            cells = "".join(f"{metrics[k]:>18.3f}" if k in metrics else f"{'-':>18}" for k in keys)
+            lines.append(f"{run[-39:]:<40}{benchmark:<14}{cells}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -308,7 +332,17 @@ def main(argv=None) -> dict:
     compare.add_argument("--out", help="JSON file for the comparison (default: RUN_A/compare-vs-<RUN_B name>.json)")
     compare.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap and permutation draws")
     compare.add_argument("--seed", type=int, default=0, help="seed of the draws")
+    diversity = commands.add_parser("diversity", help="group diversity of evaluated runs (a problem's samples = a group)")
+    diversity.add_argument("runs", nargs="+", help="eval.py --out-dir directories (or samples.jsonl files)")
     args = parser.parse_args(argv)
+    if args.command == "diversity":
+        try:
+            with reward.RewardPool() as pool:
+                by_run = {run: sample_diversity(run, same=pool) for run in args.runs}
+        except (OSError, ValueError) as error:
+            sys.exit(f"error: {error}")
+        print(format_diversity(by_run))
+        return by_run
     try:
         comparison = compare_runs(load_samples(args.run_a), load_samples(args.run_b),
                                   resamples=args.resamples, seed=args.seed)

@@ -197,3 +197,15 @@ def test_compare_cli_prints_the_table_and_writes_json(tmp_path):
     assert "only A 2, only B 1, both 1, neither 1" in done.stdout
     saved = json.loads(out.read_text())
     assert saved["benchmarks"]["toy"]["solved"]["only_a"] == 2 and saved["resamples"] == 100
+
+
+def test_diversity_of_an_evaluated_run_groups_each_problems_samples(tmp_path):
+    records = [("p1", 0, boxed("2"), True), ("p1", 1, boxed("2"), True), ("p1", 2, boxed("5"), False),
+               ("p2", 0, boxed("1"), False), ("p2", 1, "no box", False), ("p2", 2, boxed("3"), False)]
+    (tmp_path / "samples.jsonl").write_text("".join(
+        json.dumps({"benchmark": "toy", "problem_id": pid, "sample": s, "response": text, "correct": c}) + "\n"
+        for pid, s, text, c in records))
+    metrics = A.sample_diversity(tmp_path)["toy"]
+    assert metrics["div/distinct_answers"] == pytest.approx((2 + 2) / 2)  # p1: {2, 5}; p2: {1, 3}
+    assert metrics["div/mixed_groups"] == pytest.approx(1 / 2)
+    assert metrics["div/no_answer"] == pytest.approx(1 / 6)
