@@ -315,11 +315,12 @@ def sample_diversity(run: str | Path, same=None) -> dict[str, dict]:
 
 def format_diversity(by_run: dict[str, dict[str, dict]]) -> str:
     keys = ["div/distinct_answers", "div/no_answer", "div/mixed_groups"] + [f"div/distinct_{n}" for n in NGRAM_ORDERS]
-    lines = [f"{'run':<40}{'benchmark':<14}" + "".join(f"{k[4:]:>18}" for k in keys)]
+    width = max(len(str(run)) for run in by_run) + 2
+    lines = [f"{'run':<{width}}{'benchmark':<14}" + "".join(f"{k[4:]:>17}" for k in keys)]
     for run, benchmarks in by_run.items():
         for benchmark, metrics in benchmarks.items():
-            cells = "".join(f"{metrics[k]:>18.3f}" if k in metrics else f"{'-':>18}" for k in keys)
-            lines.append(f"{run[-39:]:<40}{benchmark:<14}{cells}")
+            cells = "".join(f"{metrics[k]:>17.3f}" if k in metrics else f"{'-':>17}" for k in keys)
+            lines.append(f"{str(run):<{width}}{benchmark:<14}{cells}")
     return "\n".join(lines)
 
 
@@ -329,7 +330,8 @@ def main(argv=None) -> dict:
     compare = commands.add_parser("compare", help="paired comparison of two eval.py runs")
     compare.add_argument("run_a", help="eval.py --out-dir of run A (or its samples.jsonl)")
     compare.add_argument("run_b", help="eval.py --out-dir of run B (or its samples.jsonl)")
-    compare.add_argument("--out", help="JSON file for the comparison (default: RUN_A/compare-vs-<RUN_B name>.json)")
+    compare.add_argument("--out", help="JSON file for the comparison (default: RUN_A/compare-vs-<last 3 parts of "
+                                        "RUN_B's path>.json)")
     compare.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap and permutation draws")
     compare.add_argument("--seed", type=int, default=0, help="seed of the draws")
     diversity = commands.add_parser("diversity", help="group diversity of evaluated runs (a problem's samples = a group)")
@@ -350,7 +352,8 @@ def main(argv=None) -> dict:
         sys.exit(f"error: {error}")
     print(format_comparison(comparison, args.run_a, args.run_b))
     run_a = Path(args.run_a) if Path(args.run_a).is_dir() else Path(args.run_a).parent
-    out = Path(args.out) if args.out else run_a / f"compare-vs-{Path(args.run_b).resolve().name}.json"
+    run_b = Path(args.run_b).resolve()
+    out = Path(args.out) if args.out else run_a / f"compare-vs-{'-'.join(run_b.parts[-3:])}.json"
     out.write_text(json.dumps({"a": str(args.run_a), "b": str(args.run_b), "resamples": args.resamples,
                                "seed": args.seed, "level": LEVEL, "benchmarks": comparison}, indent=2) + "\n")
     print(f"wrote {out}")

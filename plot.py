@@ -94,7 +94,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             continue
         columns = min(3, len(present))
         rows = math.ceil(len(present) / columns)
-        figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.6 * rows + 0.8), squeeze=False)
+        figure, axes = plt.subplots(rows, columns, figsize=(max(5.2 * columns, 7.0), 3.6 * rows + 1.0), squeeze=False)
         for axis in axes.flat[len(present):]:
             axis.set_visible(False)
         for axis, key in zip(axes.flat, present):
@@ -108,7 +108,8 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             axis.set_ylabel(key)
             axis.grid(alpha=0.3)
         handles, labels = axes.flat[0].get_legend_handles_labels()
-        figure.suptitle(title + ("; band: min to max over seeds" if any(len(m) > 1 for _, m in curves) else ""))
+        band = "\nline: mean over seeds; band: lowest to highest seed" if any(len(m) > 1 for _, m in curves) else ""
+        figure.suptitle(title + band, fontsize="medium")
         figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize="small", frameon=False)
         figure.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 3), 1, 1))
         path = out_dir / f"{name}.png"
