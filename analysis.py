@@ -1,16 +1,17 @@
 """Measuring exploration and comparing runs: group-diversity diagnostics, bootstrap intervals, paired tests.
 
-    python analysis.py compare RUN_A RUN_B [--out FILE]      # two eval.py output directories (or samples.jsonl)
-    python analysis.py diversity RUN [RUN ...]               # group diversity of evaluated runs
+    python analysis.py compare RUN_A RUN_B [--out FILE]   # two eval.py output directories (or samples.jsonl)
+    python analysis.py diversity RUN [RUN ...]            # group diversity of evaluated runs
 
-Diversity (cheap, no model calls; train.py logs it every step, README "Is it better?" defines each key):
-    group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., "div/distinct_1": ...}
+Diversity (cheap, no model calls; for metrics.jsonl every step; README "Is it better?" defines each key):
+    group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., ...}
     mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
 
 Uncertainty (a bootstrap over problems, percentile intervals, RESAMPLES draws from a seeded generator):
     intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
     compare_runs(load_samples(A), load_samples(B))  -> per benchmark: each run's metrics with intervals, the
-        paired difference with its interval and a paired sign-flip permutation test, solved only by A / B / both.
+        paired difference with its interval and a paired sign-flip permutation test, solved only by A / B /
+        both.
 """
 
 import argparse
@@ -46,16 +47,18 @@ def count_distinct_answers(groups: list[list[str]], same=None) -> list[int]:
     representative it is the same as, else starts a new one. All pairs a checker must decide are sent in
     one batch (identical strings are the same without asking).
 
-    >>> count_distinct_answers([["1/2", "0.5", "2"], ["3", "3"]], same=lambda a, b: float(eval(a)) == float(eval(b)))
+    >>> same_number = lambda a, b: float(eval(a)) == float(eval(b))
+    >>> count_distinct_answers([["1/2", "0.5", "2"], ["3", "3"]], same=same_number)
     [2, 1]
     """
     asked = sorted({(a, b) for group in groups for i, a in enumerate(group) for b in group[i + 1:] if a != b})
     known = dict(zip(asked, _verdicts(asked, same)))
+    is_same = lambda a, b: a == b or known.get((a, b)) or known.get((b, a))
     counts = []
     for group in groups:
         representatives: list[str] = []
         for answer in group:
-            if not any(rep == answer or known.get((rep, answer)) or known.get((answer, rep)) for rep in representatives):
+            if not any(is_same(rep, answer) for rep in representatives):
                 representatives.append(answer)
         counts.append(len(representatives))
     return counts
@@ -89,17 +92,17 @@ def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: i
     """Diversity of one step's groups: rows g*G .. g*G+G-1 of `texts` (decoded responses) and `scores`
     (correctness, 1 / 0: not a shaped reward) are group g. Returns averages over the step's groups:
 
-    - div/distinct_answers: equivalence classes among a group's extracted final answers (reward.extract_answer;
-      `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once); responses without an
-      answer are left out (a group with none has 0)
+    - div/distinct_answers: equivalence classes among a group's extracted final answers
+      (reward.extract_answer; `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once);
+      responses without an answer are left out (a group with none has 0)
     - div/no_answer: fraction of responses without an extracted answer
     - div/mixed_groups: fraction of groups with at least one correct and one wrong response
     - div/distinct_n (n = 1..4): mean over all pairs of responses within a group of pairwise_distinct_ratio;
       absent when no pair has n words
     """
     if group_size < 1 or len(texts) % group_size or len(texts) != len(scores):
-        raise ValueError(f"group_diversity: {len(texts)} texts and {len(scores)} scores do not form groups of "
-                         f"{group_size}")
+        raise ValueError(f"group_diversity: {len(texts)} texts and {len(scores)} scores do not form groups "
+                         f"of {group_size}")
     groups = [list(texts[i : i + group_size]) for i in range(0, len(texts), group_size)]
     answers = [reward.extract_answer(text) for text in texts]
     answered = [[a.strip() for a in answers[i : i + group_size] if a is not None]
@@ -108,7 +111,7 @@ def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: i
     metrics = {
         "div/distinct_answers": sum(count_distinct_answers(answered, same)) / len(groups),
         "div/no_answer": sum(a is None for a in answers) / len(answers),
-        "div/mixed_groups": sum(any(s > 0 for s in g) and any(s <= 0 for s in g) for g in group_scores) / len(groups),
+        "div/mixed_groups": sum(max(g) > 0 >= min(g) for g in group_scores) / len(groups),
     }
     for n in NGRAM_ORDERS:
         ratios = [r for group in groups for r in pairwise_distinct_ratio(group, n)]
@@ -158,7 +161,8 @@ def metric_values(correct: Sequence[Sequence[bool]], metrics: Sequence[str]) -> 
         elif name == "pass" and (k == "n" or k.isdigit() and 1 <= int(k) <= n):
             columns.append([pass_at_k(n, sum(samples), n if k == "n" else int(k)) for samples in correct])
         else:
-            raise ValueError(f"unknown metric {metric!r} for {n} samples per problem: use mean@{n} or pass@k, k <= {n}")
+            raise ValueError(f"unknown metric {metric!r} for {n} samples per problem: use mean@{n} or "
+                             f"pass@k, k <= {n}")
     return torch.tensor(columns, dtype=torch.float64).T.reshape(len(correct), len(metrics))
 
 
@@ -171,7 +175,8 @@ def bootstrap_means(values: torch.Tensor, resamples: int, generator: torch.Gener
     (B, P)) draw), the mean of each column of values [P, S] over the resampled problems."""
     P = values.shape[0]
     picks = torch.randint(P, (resamples, P), generator=generator)  # [B, P]
-    counts = torch.zeros(resamples, P, dtype=values.dtype).scatter_add_(1, picks, torch.ones_like(picks, dtype=values.dtype))
+    ones = torch.ones_like(picks, dtype=values.dtype)
+    counts = torch.zeros(resamples, P, dtype=values.dtype).scatter_add_(1, picks, ones)  # [B, P] times drawn
     return counts @ values / P  # [B, S]
 
 
@@ -190,7 +195,8 @@ def intervals(correct_by_problem: Mapping[str, Sequence[bool]] | Sequence[Sequen
     >>> intervals({"a": [True, True], "b": [True, True]}, resamples=100)
     {'mean@2': [1.0, 1.0], 'pass@1': [1.0, 1.0], 'pass@2': [1.0, 1.0]}
     """
-    correct = list(correct_by_problem.values()) if isinstance(correct_by_problem, Mapping) else list(correct_by_problem)
+    by_problem = correct_by_problem
+    correct = list(by_problem.values() if isinstance(by_problem, Mapping) else by_problem)
     if not correct:
         raise ValueError("intervals: no problems")
     metrics = list(metrics or default_metrics(len(correct[0])))
@@ -214,7 +220,8 @@ def load_samples(run: str | Path, field: str = "correct") -> dict[str, dict[str,
         try:
             record = json.loads(line)
             value = bool(record["correct"]) if field == "correct" else record[field]
-            found.setdefault(record["benchmark"], {}).setdefault(str(record["problem_id"]), {})[int(record["sample"])] = value
+            problem = found.setdefault(record["benchmark"], {}).setdefault(str(record["problem_id"]), {})
+            problem[int(record["sample"])] = value
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{path}:{line_no}: not an eval.py sample record ({error})") from None
     runs = {}
@@ -222,8 +229,8 @@ def load_samples(run: str | Path, field: str = "correct") -> dict[str, dict[str,
         n = max(max(samples) + 1 for samples in problems.values())
         incomplete = [pid for pid, samples in problems.items() if len(samples) != n]
         if incomplete:
-            raise ValueError(f"{path}: {benchmark} has problems with fewer than {n} samples (e.g. {incomplete[0]}): "
-                             "finish the evaluation with eval.py --resume")
+            raise ValueError(f"{path}: {benchmark} has problems with fewer than {n} samples (e.g. "
+                             f"{incomplete[0]}): finish the evaluation with eval.py --resume")
         runs[benchmark] = {pid: [samples[s] for s in range(n)] for pid, samples in problems.items()}
     return runs
 
@@ -246,8 +253,9 @@ def compare_benchmark(a: Mapping[str, list[bool]], b: Mapping[str, list[bool]], 
     difference A - B with its paired-bootstrap interval (the same resampled problems for both) and the
     sign-flip p-value; `solved`: problems with a correct sample in A only, in B only, in both, in neither."""
     if set(a) != set(b):
-        raise ValueError(f"the runs evaluated different problems ({len(a)} and {len(b)}, {len(set(a) & set(b))} "
-                         "shared): compare evaluations of the same benchmark file and --limit")
+        raise ValueError(f"the runs evaluated different problems ({len(a)} and {len(b)}, "
+                         f"{len(set(a) & set(b))} shared): compare evaluations of the same benchmark file "
+                         "and --limit")
     ids = sorted(a)
     n_a, n_b = len(a[ids[0]]), len(b[ids[0]])
     passes = [f"pass@{k}" for k in PASS_KS if k <= min(n_a, n_b)]
@@ -262,8 +270,9 @@ def compare_benchmark(a: Mapping[str, list[bool]], b: Mapping[str, list[bool]], 
     S = len(names)
     table = {}
     for s, name in enumerate(names):
-        table[name] = {"a": float(values_a[:, s].mean()), "a_ci": bounds[s], "b": float(values_b[:, s].mean()),
-                       "b_ci": bounds[S + s], "diff": float(differences[:, s].mean()), "diff_ci": bounds[2 * S + s],
+        table[name] = {"a": float(values_a[:, s].mean()), "a_ci": bounds[s],
+                       "b": float(values_b[:, s].mean()), "b_ci": bounds[S + s],
+                       "diff": float(differences[:, s].mean()), "diff_ci": bounds[2 * S + s],
                        "p_value": p_values[s]}
     solved_a, solved_b = [any(a[i]) for i in ids], [any(b[i]) for i in ids]
     solved = {"only_a": sum(x and not y for x, y in zip(solved_a, solved_b)),
@@ -294,8 +303,8 @@ def format_comparison(comparison: dict, label_a: str = "A", label_b: str = "B") 
             lines.append(f"  {metric:<9}{pct(row['a']) + ' ' + span(row['a_ci']):>22}"
                          f"{pct(row['b']) + ' ' + span(row['b_ci']):>22}{diff:>24}{row['p_value']:>8.3f}")
         solved = result["solved"]
-        lines.append(f"  solved (a correct sample among all): only A {solved['only_a']}, only B {solved['only_b']}, "
-                     f"both {solved['both']}, neither {solved['neither']}")
+        lines.append(f"  solved (a correct sample among all): only A {solved['only_a']}, "
+                     f"only B {solved['only_b']}, both {solved['both']}, neither {solved['neither']}")
     lines.append(f"A = {label_a}; B = {label_b}. Intervals: {LEVEL:.0%} percentile bootstrap over problems; "
                  "p: paired sign-flip permutation test over problems.")
     return "\n".join(lines)
@@ -314,7 +323,8 @@ def sample_diversity(run: str | Path, same=None) -> dict[str, dict]:
 
 
 def format_diversity(by_run: dict[str, dict[str, dict]]) -> str:
-    keys = ["div/distinct_answers", "div/no_answer", "div/mixed_groups"] + [f"div/distinct_{n}" for n in NGRAM_ORDERS]
+    keys = ["div/distinct_answers", "div/no_answer", "div/mixed_groups"]
+    keys += [f"div/distinct_{n}" for n in NGRAM_ORDERS]
     width = max(len(str(run)) for run in by_run) + 2
     lines = [f"{'run':<{width}}{'benchmark':<14}" + "".join(f"{k[4:]:>17}" for k in keys)]
     for run, benchmarks in by_run.items():
@@ -325,16 +335,18 @@ def format_diversity(by_run: dict[str, dict[str, dict]]) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     compare = commands.add_parser("compare", help="paired comparison of two eval.py runs")
     compare.add_argument("run_a", help="eval.py --out-dir of run A (or its samples.jsonl)")
     compare.add_argument("run_b", help="eval.py --out-dir of run B (or its samples.jsonl)")
-    compare.add_argument("--out", help="JSON file for the comparison (default: RUN_A/compare-vs-<last 3 parts of "
-                                        "RUN_B's path>.json)")
+    compare.add_argument("--out", help="JSON file for the comparison (default: "
+                                        "RUN_A/compare-vs-<last 3 parts of RUN_B's path>.json)")
     compare.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap and permutation draws")
     compare.add_argument("--seed", type=int, default=0, help="seed of the draws")
-    diversity = commands.add_parser("diversity", help="group diversity of evaluated runs (a problem's samples = a group)")
+    diversity = commands.add_parser("diversity",
+                                    help="group diversity of evaluated runs (a problem's samples = a group)")
     diversity.add_argument("runs", nargs="+", help="eval.py --out-dir directories (or samples.jsonl files)")
     args = parser.parse_args(argv)
     if args.command == "diversity":

@@ -53,7 +53,8 @@ def slug(text: str) -> str:
 
 
 def flag_args(flags: dict) -> list[str]:
-    """{"mix_rate": 0.2, "refill": True, "benchmarks": ["a", "b"]} -> ["--mix-rate", "0.2", "--refill", ...]."""
+    """{"mix_rate": 0.2, "refill": True, "benchmarks": ["a", "b"]} -> ["--mix-rate", "0.2", "--refill",
+    "--benchmarks", "a,b"]; False gives --no-FLAG."""
     args = []
     for name, value in flags.items():
         flag = "--" + name.replace("_", "-")
@@ -74,7 +75,8 @@ def load_sweep(path: Path) -> dict:
         raise SweepError(f"{path}: {error}") from None
     unknown = set(sweep) - SWEEP_KEYS
     if unknown or not sweep.get("runs"):
-        raise SweepError(f"{path}: needs a non-empty 'runs' list; unknown keys {sorted(unknown)} (known: {sorted(SWEEP_KEYS)})")
+        raise SweepError(f"{path}: needs a non-empty 'runs' list; unknown keys {sorted(unknown)} "
+                         f"(known: {sorted(SWEEP_KEYS)})")
     rows = []
     for index, run in enumerate(sweep["runs"]):
         if not isinstance(run, dict) or not run.get("name") or set(run) - RUN_KEYS:
@@ -106,7 +108,7 @@ def materialize_benchmarks(specs, out_dir: Path) -> list[str]:
 
 
 def plan(sweep: dict, out_dir: Path) -> list[dict]:
-    """One entry per (run, seed): its train command (None for an evaluated-as-is model) and its evaluations."""
+    """One entry per (run, seed): its train command (None for a model evaluated as is) and evaluations."""
     python = sys.executable
     jobs = []
     for run in sweep["runs"]:
@@ -127,8 +129,8 @@ def plan(sweep: dict, out_dir: Path) -> list[dict]:
                 command = ([python, str(ROOT / "eval.py")] + flag_args(flags)
                            + ["--seed", str(seed), "--out-dir", str(eval_dir)])
                 evals.append({"row": row, "dir": eval_dir, "command": command})
-            jobs.append({"run": run["name"], "seed": seed, "dir": run_dir, "train": train, "model": run.get("model"),
-                         "evals": evals})
+            jobs.append({"run": run["name"], "seed": seed, "dir": run_dir, "train": train,
+                         "model": run.get("model"), "evals": evals})
     return jobs
 
 
@@ -159,7 +161,8 @@ def run_step(command: list[str], out_dir: Path, done_file: str, log_name: str, r
         status = subprocess.run(command + resume, stdout=log, stderr=subprocess.STDOUT).returncode
     if status != 0:
         tail = "".join((out_dir / log_name).read_text().splitlines(keepends=True)[-15:])
-        raise SweepError(f"{Path(command[1]).name} failed (exit {status}); end of {out_dir / log_name}:\n{tail}")
+        raise SweepError(f"{Path(command[1]).name} failed (exit {status}); end of {out_dir / log_name}:"
+                         f"\n{tail}")
     return True
 
 
@@ -170,14 +173,16 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
     for job in jobs:
         steps = []
         if job["train"]:
-            steps.append(("train", job["train"], job["dir"], "summary.json", "train.log", "checkpoints/step-*"))
+            steps.append(("train", job["train"], job["dir"], "summary.json", "train.log",
+                          "checkpoints/step-*"))
         for evaluation in job["evals"]:
-            steps.append((f"eval {evaluation['row']!r}", evaluation["command"], evaluation["dir"], "results.json",
-                          "eval.log", "samples.jsonl"))
+            steps.append((f"eval {evaluation['row']!r}", evaluation["command"], evaluation["dir"],
+                          "results.json", "eval.log", "samples.jsonl"))
         for what, command, step_dir, done_file, log_name, resume_when in steps:
             count += 1
             if what != "train":  # the model exists only once training is done
-                model = job["model"] or (str(final_checkpoint(job["dir"])) if not dry_run else "<final checkpoint>")
+                final = "<final checkpoint>" if dry_run else str(final_checkpoint(job["dir"]))
+                model = job["model"] or final
                 command = command[:2] + ["--model", model] + command[2:]
             label = f"[{count}/{total}] {job['run']} seed {job['seed']}: {what}"
             if dry_run:
@@ -185,7 +190,8 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
                 continue
             start = time.perf_counter()
             ran = run_step(command, step_dir, done_file, log_name, resume_when)
-            print(f"{label}: " + (f"done in {time.perf_counter() - start:.0f} s" if ran else "already done"), flush=True)
+            outcome = f"done in {time.perf_counter() - start:.0f} s" if ran else "already done"
+            print(f"{label}: {outcome}", flush=True)
     return jobs
 
 
@@ -193,7 +199,7 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
 
 
 def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> dict:
-    """benchmark (and "average") -> metric -> {mean, ci, per_seed}: one table row from its seeds' eval dirs."""
+    """benchmark (and "average") -> metric -> {mean, ci, per_seed}: a table row from its seeds' eval dirs."""
     runs = [load_samples(d) for d in evaluations]
     generator = torch.Generator().manual_seed(0)
     cells, average_draws = {}, []
@@ -201,12 +207,14 @@ def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> di
         ids = sorted(runs[0][benchmark])
         if any(sorted(run.get(benchmark, {})) != ids for run in runs):
             raise SweepError(f"{benchmark}: the seeds of one row evaluated different problems: {evaluations}")
-        per_seed = torch.stack([metric_values([run[benchmark][i] for i in ids], metrics) for run in runs])  # [seeds, P, S]
+        per_seed = torch.stack([metric_values([run[benchmark][i] for i in ids], metrics)
+                                for run in runs])  # [seeds, P, S]
         values = per_seed.mean(0)  # [P, S]: each problem's score averaged over seeds
         draws = bootstrap_means(values, resamples, generator)  # [B, S]
         bounds = percentile_interval(draws, LEVEL).tolist()
         cells[benchmark] = {m: {"mean": float(values[:, s].mean()), "ci": bounds[s],
-                                "per_seed": per_seed[:, :, s].mean(1).tolist()} for s, m in enumerate(metrics)}
+                                "per_seed": per_seed[:, :, s].mean(1).tolist()}
+                            for s, m in enumerate(metrics)}
         if "gpqa" not in benchmark.lower():  # eval.py's average is over the math benchmarks
             average_draws.append((draws, values.mean(0), per_seed.mean(1)))
     if len(average_draws) > 1:
@@ -245,23 +253,26 @@ def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES) -> tu
                     continue
                 low, high = cell["ci"]
                 text.append(f"{100 * cell['mean']:.1f} [{100 * low:.1f}, {100 * high:.1f}]")
+                per_seed = " ".join(f"{v:.6f}" for v in cell["per_seed"])
                 writer.writerow([row, benchmark, metric, f"{cell['mean']:.6f}", f"{low:.6f}", f"{high:.6f}",
-                                 " ".join(map(str, seeds[row])), " ".join(f"{v:.6f}" for v in cell["per_seed"])])
+                                 " ".join(map(str, seeds[row])), per_seed])
         lines.append("| " + " | ".join([row] + text) + " |")
     lines.append("")
     average = "; the average's interval resamples each benchmark" if "average" in columns else ""
-    lines.append(f"Percent; mean over seeds [{LEVEL:.0%} percentile bootstrap interval over problems, {resamples} "
-                 f"resamples, of each problem's score averaged over seeds{average}]. Seeds: "
+    lines.append(f"Percent; mean over seeds [{LEVEL:.0%} percentile bootstrap interval over problems, "
+                 f"{resamples} resamples, of each problem's score averaged over seeds{average}]. Seeds: "
                  + "; ".join(f"{row}: {' '.join(map(str, s))}" for row, s in seeds.items()))
     return "\n".join(lines) + "\n", out.getvalue()
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="sweep file (JSON), e.g. sweeps/demo-tiny.json")
-    parser.add_argument("--out-dir", help="where runs and the table go (default: runs/sweeps/<sweep file name>)")
+    parser.add_argument("--out-dir", help="where runs and table go (default: runs/sweeps/<file name>)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
-    parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap draws of the table's intervals")
+    parser.add_argument("--resamples", type=int, default=RESAMPLES,
+                        help="bootstrap draws of the table's intervals")
     args = parser.parse_args(argv)
     path = Path(args.sweep)
     out_dir = Path(args.out_dir or Path("runs") / "sweeps" / path.stem)

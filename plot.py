@@ -23,9 +23,9 @@ FIGURES = {
     "kl": ("k3 KL to the reference model", ["kl"]),
     "clipping": ("Fraction of tokens clipped", ["clip_frac_high", "clip_frac_low", "dual_clip_frac"]),
     "mixing": ("Mixing", ["mix_rate", "mix_distance", "mix_cosine"]),
-    "diversity": ("Group diversity (README: Is it better?)", ["div/distinct_answers", "div/mixed_groups",
-                                                             "div/distinct_1", "div/distinct_2", "div/distinct_3",
-                                                             "div/distinct_4"]),
+    "diversity": ("Group diversity (README: Is it better?)",
+                  ["div/distinct_answers", "div/mixed_groups", "div/distinct_1", "div/distinct_2",
+                   "div/distinct_3", "div/distinct_4"]),
 }
 NOT_A_SETTING = {"seed", "out_dir", "resume", "overwrite"}
 
@@ -44,8 +44,9 @@ def load_run(run_dir: Path) -> dict:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise ValueError(f"{path}:{line_no}: not a metrics record") from None
     summary = run_dir / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("accuracy_before") is not None:
-        history.setdefault(0, {"step": 0})["held_out_accuracy"] = json.loads(summary.read_text())["accuracy_before"]
+    before = json.loads(summary.read_text()).get("accuracy_before") if summary.is_file() else None
+    if before is not None:
+        history.setdefault(0, {"step": 0})["held_out_accuracy"] = before
     config = run_dir / "config.json"
     return {"dir": run_dir, "config": json.loads(config.read_text()) if config.is_file() else None,
             "history": history}
@@ -55,7 +56,7 @@ def group_runs(runs: list[dict]) -> list[tuple[str, list[dict]]]:
     """(label, runs) per curve: runs with equal configs apart from NOT_A_SETTING share one."""
     groups: dict[str, list[dict]] = {}
     for run in runs:
-        setting = {k: v for k, v in run["config"].items() if k not in NOT_A_SETTING} if run["config"] else None
+        setting = {k: v for k, v in (run["config"] or {}).items() if k not in NOT_A_SETTING}
         groups.setdefault(json.dumps(setting, sort_keys=True) if setting else str(run["dir"]), []).append(run)
     settings = [json.loads(key) if key.startswith("{") else None for key in groups]
     known = [s for s in settings if s]
@@ -94,23 +95,27 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             continue
         columns = min(3, len(present))
         rows = math.ceil(len(present) / columns)
-        figure, axes = plt.subplots(rows, columns, figsize=(max(5.2 * columns, 7.0), 3.6 * rows + 1.0), squeeze=False)
+        size = (max(5.2 * columns, 7.0), 3.6 * rows + 1.0)
+        figure, axes = plt.subplots(rows, columns, figsize=size, squeeze=False)
         for axis in axes.flat[len(present):]:
             axis.set_visible(False)
         for axis, key in zip(axes.flat, present):
             for index, (label, members) in enumerate(curves):
                 steps, mean, low, high = curve(members, key)
                 color = colors[index % len(colors)]
-                axis.plot(steps, mean, color=color, label=label, marker="o" if len(steps) < 12 else None, ms=3)
+                marker = "o" if len(steps) < 12 else None  # a few points: show where they are
+                axis.plot(steps, mean, color=color, label=label, marker=marker, ms=3)
                 if len(members) > 1:
                     axis.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
             axis.set_xlabel("step")
             axis.set_ylabel(key)
             axis.grid(alpha=0.3)
         handles, labels = axes.flat[0].get_legend_handles_labels()
-        band = "\nline: mean over seeds; band: lowest to highest seed" if any(len(m) > 1 for _, m in curves) else ""
+        several = any(len(members) > 1 for _, members in curves)
+        band = "\nline: mean over seeds; band: lowest to highest seed" if several else ""
         figure.suptitle(title + band, fontsize="medium")
-        figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize="small", frameon=False)
+        figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize="small",
+                      frameon=False)
         figure.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(labels) / 3), 1, 1))
         path = out_dir / f"{name}.png"
         figure.savefig(path, dpi=110)
@@ -120,7 +125,8 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="train.py --out-dir directories (each with metrics.jsonl)")
     parser.add_argument("--out", default="plots", help="directory for the PNG files")
     args = parser.parse_args(argv)

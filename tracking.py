@@ -2,7 +2,7 @@
 
     tracker = Tracker("tensorboard,wandb", out_dir, config=asdict(cfg))
     tracker.log(metrics, step)            # every numeric field of a metrics.jsonl record
-    tracker.log_completions(rows, step)   # a table of sampled completions: [{"reward": 1.0, "completion": ...}]
+    tracker.log_completions(rows, step)   # completions as a table: [{"reward": 1.0, "completion": ...}]
     tracker.close()
 
 metrics.jsonl stays the source of truth; trackers are mirrors. Each backend's package is imported only when it
@@ -26,7 +26,8 @@ def parse_report_to(report_to: str | Sequence[str]) -> list[str]:
     names = [name.strip() for name in names if name.strip() and name.strip() != "none"]
     unknown = [name for name in names if name not in BACKENDS]
     if unknown:
-        raise ValueError(f"report_to: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)} (or none)")
+        raise ValueError(f"report_to: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)} "
+                         "(or none)")
     return list(dict.fromkeys(names))
 
 
@@ -40,7 +41,8 @@ def markdown_table(rows: list[dict]) -> str:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     cell = lambda value: str(value).replace("|", "\\|").replace("\n", "<br>")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows])
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 class Tracker:
@@ -55,7 +57,8 @@ class Tracker:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ImportError("--report-to tensorboard needs the tensorboard package: pip install tensorboard") from None
+                raise ImportError("--report-to tensorboard needs the tensorboard package: "
+                                  "pip install tensorboard") from None
             self.tensorboard = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
             if config:
                 self.tensorboard.add_text("config", markdown_table([{"field": k, "value": json.dumps(v)}

@@ -76,14 +76,15 @@ def test_mixture_cosine_equals_a_hand_loop():
     for n in range(N):
         for t in range(T):
             if mixed[n, t]:
-                fed = [sum(float(cand_weights[n, t, k]) * float(embed[cand_ids[n, t, k], j]) for k in range(K))
-                       for j in range(d)]
+                fed = [sum(float(cand_weights[n, t, k]) * float(embed[cand_ids[n, t, k], j])
+                           for k in range(K)) for j in range(d)]
                 own = [float(x) for x in embed[response_ids[n, t]]]
                 dot = sum(x * y for x, y in zip(fed, own))
                 cosines.append(dot / math.sqrt(sum(x * x for x in fed) * sum(y * y for y in own)))
     got = A.mixture_cosine(embed, cand_ids, cand_weights, response_ids, mixed, chunk=2)  # chunks of 2 of 3
     assert got == pytest.approx(sum(cosines) / len(cosines), abs=1e-6)
-    assert A.mixture_cosine(embed, cand_ids, cand_weights, response_ids, torch.zeros(N, T, dtype=torch.bool)) is None
+    none_mixed = torch.zeros(N, T, dtype=torch.bool)
+    assert A.mixture_cosine(embed, cand_ids, cand_weights, response_ids, none_mixed) is None
 
 
 # ----------------------------------------------------------------------------- bootstrap
@@ -106,17 +107,19 @@ def hand_quantile(sorted_values, q):
 
 
 def test_seeded_intervals_match_a_hand_rolled_resample():
-    correct = [[True, True, False], [False, False, False], [True, True, True], [True, False, False], [False, True, False]]
+    correct = [[True, True, False], [False, False, False], [True, True, True], [True, False, False],
+               [False, True, False]]
     accuracy = [sum(c) / 3 for c in correct]
     solved = [float(any(c)) for c in correct]
     B, seed = 300, 7
     # The documented procedure: one torch.randint(P, (B, P)) draw from a generator seeded with `seed`.
-    picks = torch.randint(len(correct), (B, len(correct)), generator=torch.Generator().manual_seed(seed)).tolist()
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(correct), (B, len(correct)), generator=generator).tolist()
     mean_draws = sorted(sum(accuracy[i] for i in row) / len(row) for row in picks)
     pass_draws = sorted(sum(solved[i] for i in row) / len(row) for row in picks)
     result = A.intervals(correct, metrics=["mean@3", "pass@3"], resamples=B, seed=seed)
-    assert result["mean@3"] == pytest.approx([hand_quantile(mean_draws, 0.025), hand_quantile(mean_draws, 0.975)])
-    assert result["pass@3"] == pytest.approx([hand_quantile(pass_draws, 0.025), hand_quantile(pass_draws, 0.975)])
+    for metric, draws in (("mean@3", mean_draws), ("pass@3", pass_draws)):
+        assert result[metric] == pytest.approx([hand_quantile(draws, 0.025), hand_quantile(draws, 0.975)])
 
 
 def test_intervals_cover_the_estimate_and_narrow_with_more_problems():
@@ -140,15 +143,18 @@ def test_unknown_metric_and_ragged_samples_are_clear_errors():
 
 def write_samples(path: Path, table: dict[str, dict[str, list[int]]]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"benchmark": bench, "problem_id": pid, "sample": s, "response": "", "extracted": None,
-                         "correct": bool(c)})
-             for bench, problems in table.items() for pid, samples in problems.items() for s, c in enumerate(samples)]
+    lines = [json.dumps({"benchmark": bench, "problem_id": pid, "sample": s, "response": "",
+                         "extracted": None, "correct": bool(c)})
+             for bench, problems in table.items() for pid, samples in problems.items()
+             for s, c in enumerate(samples)]
     (path / "samples.jsonl").write_text("\n".join(reversed(lines)) + "\n")  # any order
     return path
 
 
-RUN_A = {"toy": {"p1": [1, 0, 0, 0], "p2": [1, 1, 1, 1], "p3": [0, 0, 0, 0], "p4": [0, 1, 0, 0], "p5": [0, 0, 0, 0]}}
-RUN_B = {"toy": {"p1": [0, 0, 0, 0], "p2": [1, 1, 0, 1], "p3": [0, 0, 1, 0], "p4": [0, 0, 0, 0], "p5": [0, 0, 0, 0]}}
+RUN_A = {"toy": {"p1": [1, 0, 0, 0], "p2": [1, 1, 1, 1], "p3": [0, 0, 0, 0], "p4": [0, 1, 0, 0],
+                 "p5": [0, 0, 0, 0]}}
+RUN_B = {"toy": {"p1": [0, 0, 0, 0], "p2": [1, 1, 0, 1], "p3": [0, 0, 1, 0], "p4": [0, 0, 0, 0],
+                 "p5": [0, 0, 0, 0]}}
 
 
 def test_paired_view_equals_the_hand_count(tmp_path):
@@ -173,7 +179,8 @@ def test_identical_runs_differ_by_zero_with_p_one(tmp_path):
 def test_sign_flip_test_finds_a_consistent_difference():
     # A beats B by the same margin on all 12 problems: only the all-plus and all-minus sign draws are as
     # extreme, probability 2 / 4096, so p ~ 5e-4 (at least 1 / 10001).
-    p = A.sign_flip_p_values(torch.full((12, 1), 0.25, dtype=torch.float64), 10_000, torch.Generator().manual_seed(0))[0]
+    differences = torch.full((12, 1), 0.25, dtype=torch.float64)
+    p = A.sign_flip_p_values(differences, 10_000, torch.Generator().manual_seed(0))[0]
     assert 1 / 10_001 <= p < 0.002
 
 
@@ -203,7 +210,8 @@ def test_diversity_of_an_evaluated_run_groups_each_problems_samples(tmp_path):
     records = [("p1", 0, boxed("2"), True), ("p1", 1, boxed("2"), True), ("p1", 2, boxed("5"), False),
                ("p2", 0, boxed("1"), False), ("p2", 1, "no box", False), ("p2", 2, boxed("3"), False)]
     (tmp_path / "samples.jsonl").write_text("".join(
-        json.dumps({"benchmark": "toy", "problem_id": pid, "sample": s, "response": text, "correct": c}) + "\n"
+        json.dumps({"benchmark": "toy", "problem_id": pid, "sample": s, "response": text, "correct": c})
+        + "\n"
         for pid, s, text, c in records))
     metrics = A.sample_diversity(tmp_path)["toy"]
     assert metrics["div/distinct_answers"] == pytest.approx((2 + 2) / 2)  # p1: {2, 5}; p2: {1, 3}

@@ -47,10 +47,12 @@ def write_eval(eval_dir: Path, correct: dict[str, dict[str, list[bool]]]) -> Non
     eval_dir.mkdir(parents=True)
     (eval_dir / "samples.jsonl").write_text("".join(
         json.dumps({"benchmark": b, "problem_id": pid, "sample": s, "correct": c})+ "\n"
-        for b, problems in correct.items() for pid, samples in problems.items() for s, c in enumerate(samples)))
-    results = {b: E.summarize(problems, len(next(iter(problems.values())))) for b, problems in correct.items()}
+        for b, problems in correct.items() for pid, samples in problems.items()
+        for s, c in enumerate(samples)))
+    results = {b: E.summarize(problems, 4) for b, problems in correct.items()}
     math_sets = [results[b] for b in correct if "gpqa" not in b]
-    results["average"] = {k: sum(r[k] for r in math_sets) / len(math_sets) for k in ("mean@4", "pass@1", "pass@4")}
+    results["average"] = {k: sum(r[k] for r in math_sets) / len(math_sets)
+                          for k in ("mean@4", "pass@1", "pass@4")}
     (eval_dir / "results.json").write_text(json.dumps(results))
 
 
@@ -90,12 +92,14 @@ def test_a_directory_of_other_flags_is_not_reused(tmp_path):
     run_dir.mkdir()
     (run_dir / "command.json").write_text(json.dumps(["--seed", "1"]))
     with pytest.raises(X.SweepError, match="other flags"):
-        X.run_step(["python", "train.py", "--seed", "2"], run_dir, "summary.json", "train.log", "checkpoints/step-*")
+        X.run_step(["python", "train.py", "--seed", "2"], run_dir, "summary.json", "train.log",
+                   "checkpoints/step-*")
 
 
 def test_bad_sweep_files_are_clear_errors(tmp_path):
     cases = [({"runs": []}, "non-empty 'runs'"), ({"runs": [{"train": {}}]}, "needs a 'name'"),
-             ({"runs": [{"name": "a"}, {"name": "a"}]}, "distinct"), ({"runs": [{"name": "a"}], "sed": 1}, "unknown"),
+             ({"runs": [{"name": "a"}, {"name": "a"}]}, "distinct"),
+             ({"runs": [{"name": "a"}], "sed": 1}, "unknown"),
              ({"runs": [{"name": "a", "model": "tiny", "train": {}}]}, "evaluate as is")]
     for sweep, message in cases:
         path = tmp_path / "s.json"

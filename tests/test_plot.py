@@ -12,10 +12,12 @@ import plot
 
 def make_run(path: Path, explore: str, seed: int, rewards: list[float], held_out: dict[int, float]) -> Path:
     path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"explore": explore, "lr": 1e-6, "seed": seed, "out_dir": str(path)}))
+    config = {"explore": explore, "lr": 1e-6, "seed": seed, "out_dir": str(path)}
+    (path / "config.json").write_text(json.dumps(config))
     lines = []
     for step, reward in enumerate(rewards, 1):
-        record = {"step": step, "reward_mean": reward, "clip_frac_high": 0.01 * step, "entropy": 1.0 - 0.1 * step}
+        record = {"step": step, "reward_mean": reward, "clip_frac_high": 0.01 * step,
+                  "entropy": 1.0 - 0.1 * step}
         if step in held_out:
             record["held_out_accuracy"] = held_out[step]
         lines.append(json.dumps(record))

@@ -16,14 +16,16 @@ def test_tensorboard_event_file_reads_back(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with tracking.Tracker("tensorboard", tmp_path, config={"mix_rate": 0.1, "explore": "neighbor"}) as tracker:
+    config = {"mix_rate": 0.1, "explore": "neighbor"}
+    with tracking.Tracker("tensorboard", tmp_path, config=config) as tracker:
         for record in STEPS:
             tracker.log(record, record["step"])
         tracker.log_completions([{"reward": 1.0, "completion": "so \\boxed{4}"}], step=3)
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     scalars = events.Tags()["scalars"]
-    assert set(scalars) == {"reward_mean", "div/distinct_1", "skipped_minibatches"}  # no text, no NaN, no step
+    # Numbers only: no text, no NaN, no step.
+    assert set(scalars) == {"reward_mean", "div/distinct_1", "skipped_minibatches"}
     assert [(e.step, e.value) for e in events.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5), (3, 0.75)]
     assert [e.value for e in events.Scalars("div/distinct_1")] == pytest.approx([0.5, 0.4, 0.3])
     texts = {tag: events.Tensors(tag) for tag in events.Tags()["tensors"]}
