@@ -180,9 +180,10 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
                           "results.json", "eval.log", "samples.jsonl"))
         for what, command, step_dir, done_file, log_name, resume_when in steps:
             count += 1
-            if what != "train":  # the model exists only once training is done
-                final = "<final checkpoint>" if dry_run else str(final_checkpoint(job["dir"]))
-                model = job["model"] or final
+            if what != "train":  # a trained model exists only once training is done
+                model = job["model"]
+                if model is None:
+                    model = "<final checkpoint>" if dry_run else str(final_checkpoint(job["dir"]))
                 command = command[:2] + ["--model", model] + command[2:]
             label = f"[{count}/{total}] {job['run']} seed {job['seed']}: {what}"
             if dry_run:

@@ -118,3 +118,21 @@ def test_example_sweeps_use_only_real_flags_and_presets(path):
         assert set(sweep.get("train", {})) | set(run.get("train", {})) <= train_flags
         for overrides in [sweep.get("eval", {}), run.get("eval", {}), *run.get("evals", {}).values()]:
             assert set(overrides) <= eval_flags
+
+
+def test_each_evaluation_gets_its_model_and_flags(tmp_path, monkeypatch):
+    sweep = {"preset": "tiny", "seeds": [3], "eval": {"n": 2},
+             "runs": [{"name": "trained", "evals": {"plain": {}, "mixed": {"explore": "neighbor"}}},
+                      {"name": "base", "model": "tiny", "eval": {"n": 4}}]}
+    checkpoint = tmp_path / "trained" / "seed-3" / "checkpoints" / "step-7"
+    checkpoint.mkdir(parents=True)
+    (checkpoint.parent / "step-12").mkdir()  # the final one: step 12, not the last in name order
+    calls = []
+    monkeypatch.setattr(X, "run_step", lambda command, *rest: calls.append(command[1:]) or True)
+    X.run_sweep(sweep, tmp_path)
+    scripts = [Path(call[0]).name for call in calls]
+    assert scripts == ["train.py", "eval.py", "eval.py", "eval.py"]  # no training for the base model
+    assert calls[0][1:] == ["--preset", "tiny", "--seed", "3", "--out-dir", str(tmp_path / "trained" / "seed-3")]
+    assert calls[1][1:3] == ["--model", str(checkpoint.parent / "step-12")] and "--explore" not in calls[1]
+    assert calls[2][calls[2].index("--explore") + 1] == "neighbor"
+    assert calls[3][1:5] == ["--model", "tiny", "--n", "4"]
