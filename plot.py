@@ -5,7 +5,8 @@
 Runs whose config.json agree on everything but the seed (and out_dir, resume, overwrite) are one curve: the
 mean over those seeds, with a band from the lowest to the highest seed. A curve is labelled by the config
 fields in which the curves differ (e.g. `explore=none`), or by the run directory when there is no config.json.
-A figure's panels are the metrics of FIGURES that some run logged; a figure with none is not written.
+A figure's panels are the metrics of FIGURES that some run logged ("val/*": every key that starts with
+"val/", the validation on --val-data); a figure with none is not written.
 """
 
 import argparse
@@ -18,6 +19,7 @@ from pathlib import Path
 FIGURES = {
     "reward": ("Reward and accuracy of the training rollouts", ["reward_mean", "accuracy"]),
     "held_out": ("Held-out accuracy (greedy; step 0 = before RL)", ["held_out_accuracy"]),
+    "validation": ("Validation on --val-data (eval.py's protocol; step 0 = before RL)", ["val/*"]),
     "response_length": ("Response length (tokens)", ["response_len_mean", "truncated_frac"]),
     "entropy": ("Token entropy of the policy", ["entropy"]),
     "kl": ("k3 KL to the reference model", ["kl"]),
@@ -31,8 +33,8 @@ NOT_A_SETTING = {"seed", "out_dir", "resume", "overwrite"}
 
 
 def load_run(run_dir: Path) -> dict:
-    """{"dir", "config" (or None), "history": step -> metrics}; held-out accuracy before RL (summary.json)
-    becomes held_out_accuracy at step 0."""
+    """{"dir", "config" (or None), "history": step -> metrics}; what summary.json holds from before RL
+    (accuracy_before, val_before) becomes step 0's held_out_accuracy and val/... values."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (pass train.py --out-dir directories)")
@@ -44,9 +46,12 @@ def load_run(run_dir: Path) -> dict:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise ValueError(f"{path}:{line_no}: not a metrics record") from None
     summary = run_dir / "summary.json"
-    before = json.loads(summary.read_text()).get("accuracy_before") if summary.is_file() else None
-    if before is not None:
-        history.setdefault(0, {"step": 0})["held_out_accuracy"] = before
+    before = json.loads(summary.read_text()) if summary.is_file() else {}
+    at_start = dict(before.get("val_before") or {})
+    if before.get("accuracy_before") is not None:
+        at_start["held_out_accuracy"] = before["accuracy_before"]
+    if at_start:
+        history.setdefault(0, {"step": 0}).update(at_start)
     config = run_dir / "config.json"
     return {"dir": run_dir, "config": json.loads(config.read_text()) if config.is_file() else None,
             "history": history}
@@ -78,6 +83,14 @@ def curve(members: list[dict], key: str) -> tuple[list[int], list[float], list[f
     return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
+def expand(patterns: list[str], logged: list[str]) -> list[str]:
+    """Figure keys: a pattern ending in * stands for every logged key that starts with the rest."""
+    keys = []
+    for pattern in patterns:
+        keys += [k for k in logged if k.startswith(pattern[:-1])] if pattern.endswith("*") else [pattern]
+    return keys
+
+
 def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     """Writes OUT/<figure>.png for each figure of FIGURES with data; returns their paths."""
     import matplotlib
@@ -89,8 +102,10 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     written = []
-    for name, (title, keys) in FIGURES.items():
-        present = [k for k in keys if any(curve(members, k)[0] for _, members in curves)]
+    logged = sorted({key for _, members in curves for run in members
+                     for record in run["history"].values() for key in record})
+    for name, (title, patterns) in FIGURES.items():
+        present = [k for k in expand(patterns, logged) if any(curve(members, k)[0] for _, members in curves)]
         if not present:
             continue
         columns = min(3, len(present))

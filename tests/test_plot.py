@@ -20,9 +20,11 @@ def make_run(path: Path, explore: str, seed: int, rewards: list[float], held_out
                   "entropy": 1.0 - 0.1 * step}
         if step in held_out:
             record["held_out_accuracy"] = held_out[step]
+            record["val/aime24/mean@4"] = held_out[step] / 2
         lines.append(json.dumps(record))
     (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (path / "summary.json").write_text(json.dumps({"accuracy_before": 0.25}))
+    summary = {"accuracy_before": 0.25, "val_before": {"val/aime24/mean@4": 0.1}}
+    (path / "summary.json").write_text(json.dumps(summary))
     return path
 
 
@@ -41,12 +43,15 @@ def test_runs_differing_only_in_seed_form_one_curve(runs):
     assert mean == pytest.approx([0.2, 0.4]) and low == [0.1, 0.3] and high == [0.3, 0.5]
     steps, mean, _, _ = plot.curve(curves[0][1], "held_out_accuracy")
     assert steps == [0, 2] and mean == pytest.approx([0.25, 0.5])  # step 0: summary.json's accuracy_before
+    steps, mean, _, _ = plot.curve(curves[0][1], "val/aime24/mean@4")
+    assert steps == [0, 2] and mean == pytest.approx([0.1, 0.25])  # step 0: summary.json's val_before
 
 
 def test_pngs_are_written_for_the_logged_figures_only(runs, tmp_path):
     pytest.importorskip("matplotlib")
     written = plot.main([str(r) for r in runs] + ["--out", str(tmp_path / "plots")])
-    assert sorted(p.name for p in written) == ["clipping.png", "entropy.png", "held_out.png", "reward.png"]
+    assert sorted(p.name for p in written) == ["clipping.png", "entropy.png", "held_out.png", "reward.png",
+                                               "validation.png"]
     for path in written:
         header = path.read_bytes()[:24]
         assert header[:8] == b"\x89PNG\r\n\x1a\n"
