@@ -91,11 +91,15 @@ def sampler_fn(model, tokenizer, sampling, exploration, table=None):
 
 
 def summarize(correct: dict[str, list[bool]], n: int) -> dict:
-    """Mean@n (mean accuracy over all samples) and Pass@k for each k <= n, averaged over problems."""
+    """Mean@n (mean accuracy over all samples) and Pass@k for each k <= n, averaged over problems, and
+    "ci95": each one's 95% bootstrap interval over problems."""
     counts = [sum(samples) for samples in correct.values()]
     summary = {"n": n, "problems": len(counts), f"mean@{n}": sum(counts) / (n * len(counts))}
     for k in (k for k in PASS_KS if k <= n):
         summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+    from analysis import intervals  # here, not at the top: analysis imports pass_at_k from this file
+
+    summary["ci95"] = intervals(correct)  # percentile bootstrap over problems (analysis.RESAMPLES, seed 0)
     return summary
 
 

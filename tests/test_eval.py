@@ -47,7 +47,17 @@ def test_mean_is_the_mean_accuracy():
     summary = E.summarize({"a": [True, False, False, False], "b": [True, True, True, False]}, 4)
     assert summary["mean@4"] == 4 / 8
     assert summary["pass@1"] == (1 / 4 + 3 / 4) / 2
-    assert set(summary) == {"n", "problems", "mean@4", "pass@1", "pass@2", "pass@4"}
+    assert set(summary) == {"n", "problems", "mean@4", "pass@1", "pass@2", "pass@4", "ci95"}
+
+
+def test_summary_holds_bootstrap_intervals_over_problems():
+    # Two problems with accuracies 1/4 and 3/4: a resample of 2 problems has mean 1/4 (both the first,
+    # probability 1/4), 1/2 or 3/4 (1/4), so the 2.5% and 97.5% quantiles are 1/4 and 3/4. Both are solved
+    # by some sample: Pass@4 is 1 in every resample.
+    summary = E.summarize({"a": [True, False, False, False], "b": [True, True, True, False]}, 4)
+    assert summary["ci95"]["mean@4"] == [0.25, 0.75]
+    assert summary["ci95"]["pass@4"] == [1.0, 1.0]
+    assert set(summary["ci95"]) == {"mean@4", "pass@1", "pass@2", "pass@4"}
 
 
 def score(pairs, kind):

@@ -1,0 +1,376 @@
+"""Measuring exploration and comparing runs: group-diversity diagnostics, bootstrap intervals, paired tests.
+
+    python analysis.py compare RUN_A RUN_B [--out FILE]   # two eval.py output directories (or samples.jsonl)
+    python analysis.py diversity RUN [RUN ...]            # group diversity of evaluated runs
+
+Diversity (cheap, no model calls; for metrics.jsonl every step; README "Is it better?" defines each key):
+    group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., ...}
+    mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
+
+Uncertainty (a bootstrap over problems, percentile intervals, RESAMPLES draws from a seeded generator):
+    intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
+    compare_runs(load_samples(A), load_samples(B))  -> per benchmark: each run's metrics with intervals, the
+        paired difference with its interval and a paired sign-flip permutation test, solved only by A / B /
+        both.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+import reward
+from eval import PASS_KS, pass_at_k
+
+RESAMPLES = 10_000  # bootstrap draws and permutation draws; the Monte Carlo error of a 95% bound is ~0.2%
+LEVEL = 0.95
+NGRAM_ORDERS = (1, 2, 3, 4)
+
+# ----------------------------------------------------------------------------- group diversity
+
+
+def _verdicts(pairs: list[tuple[str, str]], same) -> list[bool]:
+    """same(a, b) for each pair: `same` is a callable, or a RewardPool-like object whose judge() checks a
+    batch in its worker processes (bounded time), or None for equality of the stripped strings."""
+    if same is None:
+        return [a.strip() == b.strip() for a, b in pairs]
+    if hasattr(same, "judge"):
+        return same.judge([([a], b) for a, b in pairs], getattr(same, "timeout_s", 5.0))
+    return [bool(same(a, b)) for a, b in pairs]
+
+
+def count_distinct_answers(groups: list[list[str]], same=None) -> list[int]:
+    """Equivalence classes among each group's answers: an answer joins the class of the first earlier
+    representative it is the same as, else starts a new one. All pairs a checker must decide are sent in
+    one batch (identical strings are the same without asking).
+
+    >>> same_number = lambda a, b: float(eval(a)) == float(eval(b))
+    >>> count_distinct_answers([["1/2", "0.5", "2"], ["3", "3"]], same=same_number)
+    [2, 1]
+    """
+    asked = sorted({(a, b) for group in groups for i, a in enumerate(group) for b in group[i + 1:] if a != b})
+    known = dict(zip(asked, _verdicts(asked, same)))
+    is_same = lambda a, b: a == b or known.get((a, b)) or known.get((b, a))
+    counts = []
+    for group in groups:
+        representatives: list[str] = []
+        for answer in group:
+            if not any(is_same(rep, answer) for rep in representatives):
+                representatives.append(answer)
+        counts.append(len(representatives))
+    return counts
+
+
+def ngram_set(text: str, n: int) -> set[tuple[str, ...]]:
+    """The distinct n-grams of a text's whitespace-separated words."""
+    words = text.split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def pairwise_distinct_ratio(texts: Sequence[str], n: int) -> list[float]:
+    """For each pair of texts: the share of the pair's distinct n-grams that only one of the two uses,
+    |S_a ^ S_b| / |S_a | S_b| = 1 - Jaccard(S_a, S_b). 0 = the same n-grams, 1 = none shared. A pair where
+    neither text has n words has no value.
+
+    >>> pairwise_distinct_ratio(["a b c", "a b d"], 1), pairwise_distinct_ratio(["a b c", "a b d"], 2)
+    ([0.5], [0.6666666666666667])
+    """
+    sets = [ngram_set(text, n) for text in texts]
+    ratios = []
+    for i in range(len(sets)):
+        for j in range(i + 1, len(sets)):
+            union = len(sets[i] | sets[j])
+            if union:
+                ratios.append(1.0 - len(sets[i] & sets[j]) / union)
+    return ratios
+
+
+def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: int, *, same=None) -> dict:
+    """Diversity of one step's groups: rows g*G .. g*G+G-1 of `texts` (decoded responses) and `scores`
+    (correctness, 1 / 0: not a shaped reward) are group g. Returns averages over the step's groups:
+
+    - div/distinct_answers: equivalence classes among a group's extracted final answers
+      (reward.extract_answer; `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once);
+      responses without an answer are left out (a group with none has 0)
+    - div/no_answer: fraction of responses without an extracted answer
+    - div/mixed_groups: fraction of groups with at least one correct and one wrong response
+    - div/distinct_n (n = 1..4): mean over all pairs of responses within a group of pairwise_distinct_ratio;
+      absent when no pair has n words
+    """
+    if group_size < 1 or len(texts) % group_size or len(texts) != len(scores):
+        raise ValueError(f"group_diversity: {len(texts)} texts and {len(scores)} scores do not form groups "
+                         f"of {group_size}")
+    groups = [list(texts[i : i + group_size]) for i in range(0, len(texts), group_size)]
+    answers = [reward.extract_answer(text) for text in texts]
+    answered = [[a.strip() for a in answers[i : i + group_size] if a is not None]
+                for i in range(0, len(texts), group_size)]
+    group_scores = [scores[i : i + group_size] for i in range(0, len(texts), group_size)]
+    metrics = {
+        "div/distinct_answers": sum(count_distinct_answers(answered, same)) / len(groups),
+        "div/no_answer": sum(a is None for a in answers) / len(answers),
+        "div/mixed_groups": sum(max(g) > 0 >= min(g) for g in group_scores) / len(groups),
+    }
+    for n in NGRAM_ORDERS:
+        ratios = [r for group in groups for r in pairwise_distinct_ratio(group, n)]
+        if ratios:
+            metrics[f"div/distinct_{n}"] = sum(ratios) / len(ratios)
+    return metrics
+
+
+def mixture_cosine(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
+                   response_ids: torch.Tensor, mixed: torch.Tensor, *, chunk: int = 4096) -> float | None:
+    """Mean cosine similarity between the fed mixture sum_k w_k E[c_k] and E[y] over the mixed steps (the
+    paper's Appendix E reports 0.9985); None when no step was mixed. Chunked: a step's mixed positions
+    times K times d would not fit in memory at once.
+
+    embed_weight [V, d]; cand_ids, cand_weights [N, T, K]; response_ids [N, T]; mixed [N, T] bool."""
+    from ngrpo import mixed_embeddings
+
+    where = mixed.nonzero(as_tuple=True)
+    if where[0].numel() == 0:
+        return None
+    ids, weights, actions = cand_ids[where], cand_weights[where], response_ids[where]  # [M, K], [M, K], [M]
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(actions), chunk):
+            part = slice(start, start + chunk)
+            fed = mixed_embeddings(embed_weight, ids[part], weights[part]).float()  # [m, d]
+            own = embed_weight[actions[part]].float()  # [m, d]
+            total += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
+    return total / len(actions)
+
+
+# ----------------------------------------------------------------------------- bootstrap over problems
+
+
+def metric_values(correct: Sequence[Sequence[bool]], metrics: Sequence[str]) -> torch.Tensor:
+    """[P, S] float64: each problem's value of each metric, "mean@n" (its accuracy c / n) or "pass@k" (the
+    unbiased estimator; "pass@n" is k = n), so that a metric over a benchmark is the mean of its column."""
+    sizes = {len(samples) for samples in correct}
+    if len(sizes) != 1:
+        raise ValueError(f"every problem needs the same number of samples, found {sorted(sizes)}")
+    n = sizes.pop()
+    columns = []
+    for metric in metrics:
+        name, _, k = metric.partition("@")
+        if name == "mean" and k in ("n", str(n)):
+            columns.append([sum(samples) / n for samples in correct])
+        elif name == "pass" and (k == "n" or k.isdigit() and 1 <= int(k) <= n):
+            columns.append([pass_at_k(n, sum(samples), n if k == "n" else int(k)) for samples in correct])
+        else:
+            raise ValueError(f"unknown metric {metric!r} for {n} samples per problem: use mean@{n} or "
+                             f"pass@k, k <= {n}")
+    return torch.tensor(columns, dtype=torch.float64).T.reshape(len(correct), len(metrics))
+
+
+def default_metrics(n: int, ks: Sequence[int] = PASS_KS) -> list[str]:
+    return [f"mean@{n}"] + [f"pass@{k}" for k in ks if k <= n]
+
+
+def bootstrap_means(values: torch.Tensor, resamples: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, S]: for each of B resamples of the P problems (uniform, with replacement: one torch.randint(P,
+    (B, P)) draw), the mean of each column of values [P, S] over the resampled problems."""
+    P = values.shape[0]
+    picks = torch.randint(P, (resamples, P), generator=generator)  # [B, P]
+    ones = torch.ones_like(picks, dtype=values.dtype)
+    counts = torch.zeros(resamples, P, dtype=values.dtype).scatter_add_(1, picks, ones)  # [B, P] times drawn
+    return counts @ values / P  # [B, S]
+
+
+def percentile_interval(draws: torch.Tensor, level: float = LEVEL) -> torch.Tensor:
+    """[S, 2]: the (1 - level) / 2 and (1 + level) / 2 quantiles of each column of draws [B, S] (linear
+    interpolation between order statistics)."""
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=draws.dtype)
+    return torch.quantile(draws, q, dim=0).T
+
+
+def intervals(correct_by_problem: Mapping[str, Sequence[bool]] | Sequence[Sequence[bool]], *,
+              metrics: Sequence[str] | None = None, resamples: int = RESAMPLES, seed: int = 0,
+              level: float = LEVEL) -> dict[str, list[float]]:
+    """Percentile bootstrap intervals over problems for one run's Mean@n and Pass@k (fractions in [0, 1]).
+
+    >>> intervals({"a": [True, True], "b": [True, True]}, resamples=100)
+    {'mean@2': [1.0, 1.0], 'pass@1': [1.0, 1.0], 'pass@2': [1.0, 1.0]}
+    """
+    by_problem = correct_by_problem
+    correct = list(by_problem.values() if isinstance(by_problem, Mapping) else by_problem)
+    if not correct:
+        raise ValueError("intervals: no problems")
+    metrics = list(metrics or default_metrics(len(correct[0])))
+    draws = bootstrap_means(metric_values(correct, metrics), resamples, torch.Generator().manual_seed(seed))
+    return {metric: bounds for metric, bounds in zip(metrics, percentile_interval(draws, level).tolist())}
+
+
+# ----------------------------------------------------------------------------- paired comparison of two runs
+
+
+def load_samples(run: str | Path, field: str = "correct") -> dict[str, dict[str, list]]:
+    """benchmark -> problem id -> `field` of each sample in sample order (correct: bool), from eval.py's
+    samples.jsonl (a run directory or the file itself). A problem with missing samples (an interrupted eval)
+    is an error."""
+    path = Path(run)
+    path = path / "samples.jsonl" if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: no samples.jsonl (pass an eval.py --out-dir or its samples.jsonl)")
+    found: dict[str, dict[str, dict[int, object]]] = {}
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+            value = bool(record["correct"]) if field == "correct" else record[field]
+            problem = found.setdefault(record["benchmark"], {}).setdefault(str(record["problem_id"]), {})
+            problem[int(record["sample"])] = value
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path}:{line_no}: not an eval.py sample record ({error})") from None
+    runs = {}
+    for benchmark, problems in found.items():
+        n = max(max(samples) + 1 for samples in problems.values())
+        incomplete = [pid for pid, samples in problems.items() if len(samples) != n]
+        if incomplete:
+            raise ValueError(f"{path}: {benchmark} has problems with fewer than {n} samples (e.g. "
+                             f"{incomplete[0]}): finish the evaluation with eval.py --resume")
+        runs[benchmark] = {pid: [samples[s] for s in range(n)] for pid, samples in problems.items()}
+    return runs
+
+
+def sign_flip_p_values(differences: torch.Tensor, resamples: int, generator: torch.Generator) -> list[float]:
+    """Two-sided paired permutation test of each column of differences [P, S]: under "A and B are
+    exchangeable within a problem" each problem's difference is +d or -d with probability 1/2. p = (1 + #draws
+    with |mean| >= |observed mean|) / (1 + draws), which is never 0 and is exact in expectation."""
+    P = differences.shape[0]
+    signs = torch.randint(2, (resamples, P), generator=generator, dtype=torch.float64) * 2 - 1  # [B, P]
+    flipped = (signs @ differences / P).abs()  # [B, S]
+    observed = differences.mean(0).abs()  # [S]
+    extreme = (flipped >= observed - 1e-12).sum(0)
+    return ((1 + extreme) / (1 + resamples)).tolist()
+
+
+def compare_benchmark(a: Mapping[str, list[bool]], b: Mapping[str, list[bool]], *, resamples: int = RESAMPLES,
+                      seed: int = 0, level: float = LEVEL) -> dict:
+    """Paired comparison of two runs on the same problems: each metric's value and interval for A and B, the
+    difference A - B with its paired-bootstrap interval (the same resampled problems for both) and the
+    sign-flip p-value; `solved`: problems with a correct sample in A only, in B only, in both, in neither."""
+    if set(a) != set(b):
+        raise ValueError(f"the runs evaluated different problems ({len(a)} and {len(b)}, "
+                         f"{len(set(a) & set(b))} shared): compare evaluations of the same benchmark file "
+                         "and --limit")
+    ids = sorted(a)
+    n_a, n_b = len(a[ids[0]]), len(b[ids[0]])
+    passes = [f"pass@{k}" for k in PASS_KS if k <= min(n_a, n_b)]
+    values_a = metric_values([a[i] for i in ids], [f"mean@{n_a}"] + passes)  # [P, S]
+    values_b = metric_values([b[i] for i in ids], [f"mean@{n_b}"] + passes)  # [P, S]
+    differences = values_a - values_b  # Mean@n of different n are still comparable accuracies
+    names = [f"mean@{n_a}" if n_a == n_b else "mean"] + passes
+    generator = torch.Generator().manual_seed(seed)
+    draws = bootstrap_means(torch.cat([values_a, values_b, differences], 1), resamples, generator)
+    bounds = percentile_interval(draws, level).tolist()
+    p_values = sign_flip_p_values(differences, resamples, generator)
+    S = len(names)
+    table = {}
+    for s, name in enumerate(names):
+        table[name] = {"a": float(values_a[:, s].mean()), "a_ci": bounds[s],
+                       "b": float(values_b[:, s].mean()), "b_ci": bounds[S + s],
+                       "diff": float(differences[:, s].mean()), "diff_ci": bounds[2 * S + s],
+                       "p_value": p_values[s]}
+    solved_a, solved_b = [any(a[i]) for i in ids], [any(b[i]) for i in ids]
+    solved = {"only_a": sum(x and not y for x, y in zip(solved_a, solved_b)),
+              "only_b": sum(y and not x for x, y in zip(solved_a, solved_b)),
+              "both": sum(x and y for x, y in zip(solved_a, solved_b)),
+              "neither": sum(not x and not y for x, y in zip(solved_a, solved_b))}
+    return {"problems": len(ids), "n_a": n_a, "n_b": n_b, "metrics": table, "solved": solved}
+
+
+def compare_runs(a: Mapping[str, Mapping], b: Mapping[str, Mapping], **options) -> dict:
+    """compare_benchmark for every benchmark both runs evaluated (load_samples layout)."""
+    shared = [name for name in a if name in b]
+    if not shared:
+        raise ValueError(f"the runs share no benchmark (A: {', '.join(a)}; B: {', '.join(b)})")
+    return {name: compare_benchmark(a[name], b[name], **options) for name in shared}
+
+
+def format_comparison(comparison: dict, label_a: str = "A", label_b: str = "B") -> str:
+    """The comparison as a text table, in percent."""
+    pct = lambda x: f"{100 * x:5.1f}"
+    span = lambda lo_hi: f"[{pct(lo_hi[0])}, {pct(lo_hi[1])}]"
+    lines = []
+    for name, result in comparison.items():
+        lines.append(f"{name}: {result['problems']} problems, n = {result['n_a']} (A) / {result['n_b']} (B)")
+        lines.append(f"  {'metric':<9}{'A':>22}{'B':>22}{'A - B':>24}{'p':>8}")
+        for metric, row in result["metrics"].items():
+            diff = f"{100 * row['diff']:+5.1f} {span(row['diff_ci'])}"
+            lines.append(f"  {metric:<9}{pct(row['a']) + ' ' + span(row['a_ci']):>22}"
+                         f"{pct(row['b']) + ' ' + span(row['b_ci']):>22}{diff:>24}{row['p_value']:>8.3f}")
+        solved = result["solved"]
+        lines.append(f"  solved (a correct sample among all): only A {solved['only_a']}, "
+                     f"only B {solved['only_b']}, both {solved['both']}, neither {solved['neither']}")
+    lines.append(f"A = {label_a}; B = {label_b}. Intervals: {LEVEL:.0%} percentile bootstrap over problems; "
+                 "p: paired sign-flip permutation test over problems.")
+    return "\n".join(lines)
+
+
+def sample_diversity(run: str | Path, same=None) -> dict[str, dict]:
+    """group_diversity of an evaluated run per benchmark: each problem's n samples are one group."""
+    correct, responses = load_samples(run), load_samples(run, "response")
+    result = {}
+    for benchmark, problems in correct.items():
+        ids = sorted(problems)
+        n = len(problems[ids[0]])
+        result[benchmark] = group_diversity([text for i in ids for text in responses[benchmark][i]],
+                                            [float(c) for i in ids for c in problems[i]], n, same=same)
+    return result
+
+
+def format_diversity(by_run: dict[str, dict[str, dict]]) -> str:
+    keys = ["div/distinct_answers", "div/no_answer", "div/mixed_groups"]
+    keys += [f"div/distinct_{n}" for n in NGRAM_ORDERS]
+    width = max(len(str(run)) for run in by_run) + 2
+    lines = [f"{'run':<{width}}{'benchmark':<14}" + "".join(f"{k[4:]:>17}" for k in keys)]
+    for run, benchmarks in by_run.items():
+        for benchmark, metrics in benchmarks.items():
+            cells = "".join(f"{metrics[k]:>17.3f}" if k in metrics else f"{'-':>17}" for k in keys)
+            lines.append(f"{str(run):<{width}}{benchmark:<14}{cells}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    compare = commands.add_parser("compare", help="paired comparison of two eval.py runs")
+    compare.add_argument("run_a", help="eval.py --out-dir of run A (or its samples.jsonl)")
+    compare.add_argument("run_b", help="eval.py --out-dir of run B (or its samples.jsonl)")
+    compare.add_argument("--out", help="JSON file for the comparison (default: "
+                                        "RUN_A/compare-vs-<last 3 parts of RUN_B's path>.json)")
+    compare.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap and permutation draws")
+    compare.add_argument("--seed", type=int, default=0, help="seed of the draws")
+    diversity = commands.add_parser("diversity",
+                                    help="group diversity of evaluated runs (a problem's samples = a group)")
+    diversity.add_argument("runs", nargs="+", help="eval.py --out-dir directories (or samples.jsonl files)")
+    args = parser.parse_args(argv)
+    if args.command == "diversity":
+        try:
+            with reward.RewardPool() as pool:
+                by_run = {run: sample_diversity(run, same=pool) for run in args.runs}
+        except (OSError, ValueError) as error:
+            sys.exit(f"error: {error}")
+        print(format_diversity(by_run))
+        return by_run
+    try:
+        comparison = compare_runs(load_samples(args.run_a), load_samples(args.run_b),
+                                  resamples=args.resamples, seed=args.seed)
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    print(format_comparison(comparison, args.run_a, args.run_b))
+    run_a = Path(args.run_a) if Path(args.run_a).is_dir() else Path(args.run_a).parent
+    run_b = Path(args.run_b).resolve()
+    out = Path(args.out) if args.out else run_a / f"compare-vs-{'-'.join(run_b.parts[-3:])}.json"
+    out.write_text(json.dumps({"a": str(args.run_a), "b": str(args.run_b), "resamples": args.resamples,
+                               "seed": args.seed, "level": LEVEL, "benchmarks": comparison}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return comparison
+
+
+if __name__ == "__main__":
+    main()

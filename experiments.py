@@ -1,0 +1,294 @@
+"""The ablation runner: trains and evaluates every run of a sweep file, then writes one table.
+
+    python experiments.py sweeps/demo-tiny.json                 # runs/sweeps/demo-tiny/table.md and table.csv
+    python experiments.py sweeps/methods.json --dry-run         # the commands, without running them
+
+Each run is `python train.py` then `python eval.py` on its final checkpoint, as subprocesses: the runner
+only needs the command lines, so it works for any flags the two accept. A sweep file is JSON:
+
+    {"preset": "demo",                            # train.py --preset of every run (a run may override it)
+     "train": {"max_steps": 30},                  # train.py flags of every run (flag name with _ or -)
+     "eval": {"benchmarks": ["arith"], "n": 8},   # eval.py flags of every evaluation; "arith..." specs are
+                                                  # written to OUT/benchmarks/*.jsonl (eval.py reads files)
+     "seeds": [0, 1],                             # --seed of train.py and eval.py; a run may override them
+     "metrics": ["mean@8", "pass@8"],             # table columns per benchmark (default mean@n, pass@n)
+     "runs": [{"name": "GRPO", "train": {"explore": "none"}},
+              {"name": "N-GRPO", "train": {"explore": "neighbor"},
+               "evals": {"N-GRPO": {}, "N-GRPO + mixing at inference": {"explore": "neighbor"}}},
+              {"name": "base model", "model": "tiny"}]}   # "model": evaluated as it is, no training
+
+A run's "evals" maps table rows to eval.py flag overrides (default: one row named as the run, no overrides).
+Outputs: OUT/<run>/seed-<s>/ (train.py's --out-dir, train.log), OUT/<run>/seed-<s>/eval-<row>/ (eval.py's
+--out-dir, eval.log). A finished step (summary.json / results.json present) is skipped; an interrupted one
+continues with --resume; a directory holding a run of other flags is an error. The table's value is the mean
+over seeds; its interval is a percentile bootstrap over problems (analysis.RESAMPLES draws, seed 0) of each
+problem's score averaged over seeds; the average column averages the benchmarks' resamples (stratified).
+"""
+
+import argparse
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from analysis import LEVEL, RESAMPLES, bootstrap_means, load_samples, metric_values, percentile_interval
+
+ROOT = Path(__file__).resolve().parent
+SWEEP_KEYS = {"description", "preset", "train", "eval", "seeds", "metrics", "runs"}
+RUN_KEYS = {"name", "preset", "train", "eval", "seeds", "evals", "model"}
+
+
+class SweepError(ValueError):
+    pass
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=]+", "-", text).strip("-").lower()
+
+
+def flag_args(flags: dict) -> list[str]:
+    """{"mix_rate": 0.2, "refill": True, "benchmarks": ["a", "b"]} -> ["--mix-rate", "0.2", "--refill",
+    "--benchmarks", "a,b"]; False gives --no-FLAG."""
+    args = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False:
+            args.append("--no-" + flag[2:])
+        else:
+            args += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return args
+
+
+def load_sweep(path: Path) -> dict:
+    """The sweep file, checked: known keys, named runs, distinct table rows."""
+    try:
+        sweep = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SweepError(f"{path}: {error}") from None
+    unknown = set(sweep) - SWEEP_KEYS
+    if unknown or not sweep.get("runs"):
+        raise SweepError(f"{path}: needs a non-empty 'runs' list; unknown keys {sorted(unknown)} "
+                         f"(known: {sorted(SWEEP_KEYS)})")
+    rows = []
+    for index, run in enumerate(sweep["runs"]):
+        if not isinstance(run, dict) or not run.get("name") or set(run) - RUN_KEYS:
+            raise SweepError(f"{path}: run {index} needs a 'name' and only the keys {sorted(RUN_KEYS)}")
+        if "model" in run and "train" in run:
+            raise SweepError(f"{path}: run {run['name']!r} gives 'model' (evaluate as is) and 'train' flags")
+        rows += list(run.get("evals", {run["name"]: {}}))
+    if len(set(rows)) != len(rows) or len({slug(r["name"]) for r in sweep["runs"]}) != len(sweep["runs"]):
+        raise SweepError(f"{path}: run names and table rows must be distinct")
+    return sweep
+
+
+def materialize_benchmarks(specs, out_dir: Path) -> list[str]:
+    """eval.py --benchmarks entries: built-in `arith...` sets become JSONL files (their test split)."""
+    import data
+
+    specs = specs.split(",") if isinstance(specs, str) else list(specs)
+    paths = []
+    for spec in specs:
+        if spec.startswith("arith"):
+            path = out_dir / "benchmarks" / f"{slug(re.sub('[:,=]', '-', spec))}.jsonl"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                problems = data.load_problems(spec, split="test")
+                path.write_text("".join(json.dumps(p) + "\n" for p in problems))
+            spec = str(path)
+        paths.append(spec)
+    return paths
+
+
+def plan(sweep: dict, out_dir: Path) -> list[dict]:
+    """One entry per (run, seed): its train command (None for a model evaluated as is) and evaluations."""
+    python = sys.executable
+    jobs = []
+    for run in sweep["runs"]:
+        for seed in run.get("seeds", sweep.get("seeds", [0])):
+            run_dir = out_dir / slug(run["name"]) / f"seed-{seed}"
+            train = None
+            if "model" not in run:
+                preset = run.get("preset", sweep.get("preset"))
+                train = ([python, str(ROOT / "train.py")] + (["--preset", preset] if preset else [])
+                         + flag_args({**sweep.get("train", {}), **run.get("train", {})})
+                         + ["--seed", str(seed), "--out-dir", str(run_dir)])
+            evals = []
+            for row, overrides in run.get("evals", {run["name"]: {}}).items():
+                flags = {**sweep.get("eval", {}), **run.get("eval", {}), **overrides}
+                if "benchmarks" in flags:
+                    flags["benchmarks"] = materialize_benchmarks(flags["benchmarks"], out_dir)
+                eval_dir = run_dir / f"eval-{slug(row)}"
+                command = ([python, str(ROOT / "eval.py")] + flag_args(flags)
+                           + ["--seed", str(seed), "--out-dir", str(eval_dir)])
+                evals.append({"row": row, "dir": eval_dir, "command": command})
+            jobs.append({"run": run["name"], "seed": seed, "dir": run_dir, "train": train,
+                         "model": run.get("model"), "evals": evals})
+    return jobs
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    steps = [d for d in (run_dir / "checkpoints").glob("step-*") if d.is_dir() and d.name[5:].isdigit()]
+    if not steps:
+        raise SweepError(f"{run_dir}: training finished without a checkpoint in {run_dir / 'checkpoints'}")
+    return max(steps, key=lambda d: int(d.name[5:]))
+
+
+def run_step(command: list[str], out_dir: Path, done_file: str, log_name: str, resume_when: str) -> bool:
+    """Runs command (unless out_dir/done_file exists), logging to out_dir/log_name. Adds --resume when
+    out_dir/resume_when exists. Returns whether it ran. The command is recorded in out_dir/command.json:
+    a directory that holds a run of another command is an error, not silently reused."""
+    record = out_dir / "command.json"
+    recorded = command[2:]  # the flags: the interpreter's and the script's paths may change between sessions
+    if record.exists() and json.loads(record.read_text()) != recorded:
+        raise SweepError(f"{out_dir} holds a run of other flags (see {record}): delete the directory or "
+                         "rename the run in the sweep file")
+    if (out_dir / done_file).exists():
+        return False
+    resume = ["--resume"] if list(out_dir.glob(resume_when)) else []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(recorded) + "\n")
+    with (out_dir / log_name).open("a") as log:
+        log.write(f"$ {' '.join(command + resume)}\n")
+        log.flush()
+        status = subprocess.run(command + resume, stdout=log, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        tail = "".join((out_dir / log_name).read_text().splitlines(keepends=True)[-15:])
+        raise SweepError(f"{Path(command[1]).name} failed (exit {status}); end of {out_dir / log_name}:"
+                         f"\n{tail}")
+    return True
+
+
+def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict]:
+    jobs = plan(sweep, out_dir)
+    total = sum(bool(job["train"]) + len(job["evals"]) for job in jobs)
+    count = 0
+    for job in jobs:
+        steps = []
+        if job["train"]:
+            steps.append(("train", job["train"], job["dir"], "summary.json", "train.log",
+                          "checkpoints/step-*"))
+        for evaluation in job["evals"]:
+            steps.append((f"eval {evaluation['row']!r}", evaluation["command"], evaluation["dir"],
+                          "results.json", "eval.log", "samples.jsonl"))
+        for what, command, step_dir, done_file, log_name, resume_when in steps:
+            count += 1
+            if what != "train":  # a trained model exists only once training is done
+                model = job["model"]
+                if model is None:
+                    model = "<final checkpoint>" if dry_run else str(final_checkpoint(job["dir"]))
+                command = command[:2] + ["--model", model] + command[2:]
+            label = f"[{count}/{total}] {job['run']} seed {job['seed']}: {what}"
+            if dry_run:
+                print(f"{label}\n  {' '.join(command[1:])}")
+                continue
+            start = time.perf_counter()
+            ran = run_step(command, step_dir, done_file, log_name, resume_when)
+            outcome = f"done in {time.perf_counter() - start:.0f} s" if ran else "already done"
+            print(f"{label}: {outcome}", flush=True)
+    return jobs
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> dict:
+    """benchmark (and "average") -> metric -> {mean, ci, per_seed}: a table row from its seeds' eval dirs."""
+    runs = [load_samples(d) for d in evaluations]
+    generator = torch.Generator().manual_seed(0)
+    cells, average_draws = {}, []
+    for benchmark in runs[0]:
+        ids = sorted(runs[0][benchmark])
+        if any(sorted(run.get(benchmark, {})) != ids for run in runs):
+            raise SweepError(f"{benchmark}: the seeds of one row evaluated different problems: {evaluations}")
+        per_seed = torch.stack([metric_values([run[benchmark][i] for i in ids], metrics)
+                                for run in runs])  # [seeds, P, S]
+        values = per_seed.mean(0)  # [P, S]: each problem's score averaged over seeds
+        draws = bootstrap_means(values, resamples, generator)  # [B, S]
+        bounds = percentile_interval(draws, LEVEL).tolist()
+        cells[benchmark] = {m: {"mean": float(values[:, s].mean()), "ci": bounds[s],
+                                "per_seed": per_seed[:, :, s].mean(1).tolist()}
+                            for s, m in enumerate(metrics)}
+        if "gpqa" not in benchmark.lower():  # eval.py's average is over the math benchmarks
+            average_draws.append((draws, values.mean(0), per_seed.mean(1)))
+    if len(average_draws) > 1:
+        draws = torch.stack([d for d, _, _ in average_draws]).mean(0)
+        means = torch.stack([m for _, m, _ in average_draws]).mean(0)
+        per_seed = torch.stack([p for _, _, p in average_draws]).mean(0)  # [seeds, S]
+        bounds = percentile_interval(draws, LEVEL).tolist()
+        cells["average"] = {m: {"mean": float(means[s]), "ci": bounds[s], "per_seed": per_seed[:, s].tolist()}
+                            for s, m in enumerate(metrics)}
+    return cells
+
+
+def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES) -> tuple[str, str]:
+    """(markdown, csv): rows = table rows in sweep order, columns = benchmark x metric, then the average."""
+    by_row: dict[str, list[Path]] = {}
+    seeds: dict[str, list[int]] = {}
+    for job in jobs:
+        for evaluation in job["evals"]:
+            by_row.setdefault(evaluation["row"], []).append(evaluation["dir"])
+            seeds.setdefault(evaluation["row"], []).append(job["seed"])
+    metrics = sweep.get("metrics", ["mean@n", "pass@n"])
+    rows = {row: row_cells(dirs, metrics, resamples) for row, dirs in by_row.items()}
+    columns = list(dict.fromkeys(b for cells in rows.values() for b in cells))
+    header = ["method"] + [f"{b} {m}" for b in columns for m in metrics]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["method", "benchmark", "metric", "mean", "ci_low", "ci_high", "seeds", "per_seed"])
+    for row, cells in rows.items():
+        text = []
+        for benchmark in columns:
+            for metric in metrics:
+                cell = cells.get(benchmark, {}).get(metric)
+                if cell is None:
+                    text.append("")
+                    continue
+                low, high = cell["ci"]
+                text.append(f"{100 * cell['mean']:.1f} [{100 * low:.1f}, {100 * high:.1f}]")
+                per_seed = " ".join(f"{v:.6f}" for v in cell["per_seed"])
+                writer.writerow([row, benchmark, metric, f"{cell['mean']:.6f}", f"{low:.6f}", f"{high:.6f}",
+                                 " ".join(map(str, seeds[row])), per_seed])
+        lines.append("| " + " | ".join([row] + text) + " |")
+    lines.append("")
+    average = "; the average's interval resamples each benchmark" if "average" in columns else ""
+    lines.append(f"Percent; mean over seeds [{LEVEL:.0%} percentile bootstrap interval over problems, "
+                 f"{resamples} resamples, of each problem's score averaged over seeds{average}]. Seeds: "
+                 + "; ".join(f"{row}: {' '.join(map(str, s))}" for row, s in seeds.items()))
+    return "\n".join(lines) + "\n", out.getvalue()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="sweep file (JSON), e.g. sweeps/demo-tiny.json")
+    parser.add_argument("--out-dir", help="where runs and table go (default: runs/sweeps/<file name>)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    parser.add_argument("--resamples", type=int, default=RESAMPLES,
+                        help="bootstrap draws of the table's intervals")
+    args = parser.parse_args(argv)
+    path = Path(args.sweep)
+    out_dir = Path(args.out_dir or Path("runs") / "sweeps" / path.stem)
+    try:
+        sweep = load_sweep(path)
+        jobs = run_sweep(sweep, out_dir, dry_run=args.dry_run)
+        if args.dry_run:
+            return
+        markdown, table_csv = build_table(sweep, jobs, args.resamples)
+    except (SweepError, OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    (out_dir / "table.md").write_text(markdown)
+    (out_dir / "table.csv").write_text(table_csv)
+    print(markdown + f"wrote {out_dir / 'table.md'} and {out_dir / 'table.csv'}")
+
+
+if __name__ == "__main__":
+    main()
