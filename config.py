@@ -140,6 +140,8 @@ class Config:
                                        "run is driven (steps, saving, logging, device) differ from the checkpoint's")
     log_completions_every: int = option(10, "print two sample completions every N steps and append them to "
                                         "OUT/completions.jsonl (0 = never)")
+    report_to: str = option("", "also send metrics, the config and logged completions to: tensorboard, wandb "
+                            "(comma-separated; optional packages; metrics.jsonl stays the record); empty = none")
     eval_data: str = option("", "held-out problems for accuracy before / after training (a file or arith:...); "
                             "empty = the test split of a built-in --data, else none")
     eval_problems: int = option(0, "held-out problems scored (greedy) before and after training (0 = no held-out eval)")
@@ -195,6 +197,8 @@ class Config:
              "max_steps, save_every, keep_last, eval_problems, eval_every and log_completions_every must be >= 0, "
              "ppo_epochs >= 1"),
             (self.virtual_max_count >= 1, "virtual_max_count must be at least 1"),
+            (all(name.strip() in ("", "none", "tensorboard", "wandb") for name in self.report_to.split(",")),
+             f"report_to takes tensorboard, wandb or both (comma-separated), not {self.report_to!r}"),
             (self.val_n >= 1 and self.val_limit >= 0 and self.val_every >= 0, "val_n must be >= 1, val_limit and "
              "val_every >= 0"),
             (self.val_temperature >= 0 and 0.0 < self.val_top_p <= 1.0, "val_temperature must be >= 0 and "
@@ -247,7 +251,7 @@ class Config:
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.
 RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
                       "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
-                      "val_before_train")
+                      "val_before_train", "report_to")
 
 
 _1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"

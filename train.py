@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 import eval as evaluation
+from analysis import group_diversity, mixture_cosine
 from config import RUN_CONTROL_FIELDS, Config, parse_config
 from data import (DataError, PromptBatcher, describe_load_error, load_problems, load_tokenizer, pad_id_of,
                   tokenize_problems)
@@ -34,6 +35,7 @@ from neighbors import table_for
 from ngrpo import autocast, keep_groups, mixed_embeddings, overlong_penalty, token_logprobs, update
 from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
+from tracking import Tracker
 
 
 class RunError(SystemExit):
@@ -64,6 +66,7 @@ class Run:
     reference: torch.nn.Module | None = None  # the KL term's frozen model (bf16 on GPU)
     table: torch.Tensor | None = None  # the neighbor table in use ([V, k]), for --explore neighbor
     val_sets: list = field(default_factory=list)  # --val-data as eval.py's (name, problems, kind)
+    tracker: Tracker | None = None  # --report-to
     summary: dict = field(default_factory=dict)
 
     def refresh_sampler(self) -> None:
@@ -210,10 +213,16 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "logp_gap_mean": float(logp_gap.mean()) if logp_gap.numel() else 0.0,
         "logp_gap_max": float(logp_gap.max()) if logp_gap.numel() else 0.0,
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
+        # How different a group's responses are (README, "Is it better?"): answers through the checker.
+        **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size, same=r.pool),
         "rollout_s": groups.rollout_s, "score_s": groups.score_s, "update_s": update_s,
         "rollout_tokens_per_s": num_tokens / groups.rollout_s,
         "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
     }
+    cosine = mixture_cosine(r.sampler.embed_tokens.weight, rollout.cand_ids, rollout.cand_weights,
+                            rollout.response_ids, rollout.mixed)
+    if cosine is not None:  # mixed steps only: cos(fed mixture, E[y]); the paper reports 0.9985
+        metrics["mix_cosine"] = cosine
     # Each knob of the GRPO family logs what it did, only when it is on.
     trained_rows = len(groups.trained.prompts)
     if cfg.filter_groups != "none":
@@ -246,6 +255,7 @@ def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
     --log-completions-every steps prints two completions and appends them to completions.jsonl."""
     with metrics_path.open("a") as f:
         f.write(json.dumps(metrics) + "\n")
+    r.tracker.log(metrics, metrics["step"])
     tqdm.write(format_line(metrics), file=sys.stdout)
     if metrics["skipped_minibatches"]:
         tqdm.write(f"warning: step {metrics['step']}: {metrics['skipped_minibatches']} mini-batch(es) skipped: "
@@ -253,6 +263,7 @@ def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
     every = r.cfg.log_completions_every
     if not every or metrics["step"] % every:
         return
+    logged = []
     with (r.out_dir / "completions.jsonl").open("a") as f:
         for row in range(0, len(groups.rows), max(1, len(groups.rows) // 2))[:2]:
             problem, text = groups.rows[row], groups.texts[row]
@@ -260,8 +271,10 @@ def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
                       "response": text, "extracted": extract_answer(text), "reference": problem["answer"],
                       "reward": float(groups.rewards[row])}
             f.write(json.dumps(record) + "\n")
+            logged.append(record)
             tqdm.write(f"  reward {record['reward']:.0f} | reference {problem['answer']!r} | extracted "
                        f"{record['extracted']!r} | response ...{text[-160:]!r}", file=sys.stdout)
+    r.tracker.log_completions(logged, metrics["step"])
 
 
 def format_line(m: dict) -> str:
@@ -324,6 +337,7 @@ def finish(r: Run, metrics_path: Path) -> dict:
     if r.held_out:
         r.summary["accuracy_after"] = r.held_out_accuracy()
     r.pool.close()
+    r.tracker.close()
     if (r.out_dir / "best" / "best.json").exists():
         r.summary["best"] = json.loads((r.out_dir / "best" / "best.json").read_text())
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
@@ -492,6 +506,10 @@ def setup(cfg: Config, out_dir: Path) -> Run:
         print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning", file=sys.stderr)
     if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
         shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's checkpoints
+    try:
+        tracker = Tracker(cfg.report_to, out_dir, config=asdict(cfg))  # checks the optional packages first
+    except (ImportError, ValueError) as error:
+        raise RunError(f"--report-to {cfg.report_to}: {error}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg.save_json(out_dir / "config.json")
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
@@ -502,7 +520,7 @@ def setup(cfg: Config, out_dir: Path) -> Run:
     return Run(cfg, out_dir, device, tokenizer, policy, policy, optimizer, problems, held_out,
                PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed),
                torch.Generator(device).manual_seed(cfg.seed), RewardPool(), sampling, exploration,
-               val_sets=val_sets, summary={"prompts": len(problems), "prompts_dropped": dropped})
+               val_sets=val_sets, tracker=tracker, summary={"prompts": len(problems), "prompts_dropped": dropped})
 
 
 def start_fresh(r: Run) -> int:

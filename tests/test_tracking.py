@@ -51,3 +51,27 @@ def test_report_to_names():
     assert tracking.parse_report_to("none") == [] and tracking.parse_report_to("") == []
     with pytest.raises(ValueError, match="unknown mlflow"):
         tracking.parse_report_to("mlflow")
+
+
+def test_a_tiny_training_run_reports_to_tensorboard(tmp_path):
+    """train.py --report-to tensorboard: every step's metrics.jsonl numbers are in the event file."""
+    pytest.importorskip("tensorboard")
+    import json
+    from dataclasses import replace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import train
+    from config import preset
+
+    cfg = replace(preset("tiny"), out_dir=str(tmp_path / "run"), max_steps=2, prompts_per_step=4,
+                  mini_batch_prompts=4, max_new_tokens=8, report_to="tensorboard", log_completions_every=1)
+    train.run(cfg)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for key in ("reward_mean", "loss", "mix_rate", "div/distinct_answers", "div/mixed_groups"):
+        scalars = events.Scalars(key)  # stored as float32
+        assert [e.step for e in scalars] == [m["step"] for m in logged], key
+        assert [e.value for e in scalars] == pytest.approx([m[key] for m in logged], rel=1e-6, abs=1e-7), key
+    assert "completions/text_summary" in events.Tags()["tensors"]
