@@ -206,6 +206,7 @@ def bench_grader(args: argparse.Namespace) -> None:
     """Throughput (RewardPool, warm workers) and one-at-a-time latency (is_equiv / math_reward, one shared
     worker) on MATH-500 reference answers against themselves, equivalent rewritings and wrong answers;
     ~8k-character responses; adversarial inputs; agreement with math-verify when it is installed."""
+    import grader
     import reward
 
     rng = random.Random(args.seed)
@@ -244,7 +245,7 @@ def bench_grader(args: argparse.Namespace) -> None:
                                  for prediction, reference, _ in pairs])
             elapsed_s = time.perf_counter() - start
             verdicts[case] = scores
-            in_process = sum(reward._fast_verdict(p, r) is not None for p, r, _ in pairs) / len(pairs)
+            in_process = sum(grader.fast_verdict(p, r) is not None for p, r, _ in pairs) / len(pairs)
             report(f"{source} {case}", len(pairs), pairs_per_s=round(len(pairs) / elapsed_s, 1),
                    **timed_singly(lambda p, r: reward.is_equiv(p, r, timeout=args.timeout_s), pairs),
                    accuracy=accuracy(scores, [e for _, _, e in pairs]), decided_in_process=round(in_process, 3))
@@ -252,7 +253,7 @@ def bench_grader(args: argparse.Namespace) -> None:
                 if score != expected:
                     note(f"grader {case}: {prediction!r} vs {reference!r} scored {score}, expected {expected}")
 
-        hard = [pair for pairs in cases.values() for pair in pairs if reward._fast_verdict(pair[0], pair[1]) is None]
+        hard = [pair for pairs in cases.values() for pair in pairs if grader.fast_verdict(pair[0], pair[1]) is None]
         start = time.perf_counter()
         scores = pool.score([(f"\\boxed{{{prediction}}}", reference) for prediction, reference, _ in hard])
         elapsed_s = time.perf_counter() - start
