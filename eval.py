@@ -72,10 +72,11 @@ def batch_seed(seed: int, benchmark: str, batch_index: int) -> int:
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
-             score_fn=None, progress: bool = True) -> dict:
+             score_fn=None, progress: bool = True, scored_by: dict | None = None) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed) -> texts` in
     batches sorted by prompt length, scores them with `score_fn(pairs, kind) -> [0/1]`, writes
-    samples.jsonl and results.json under out_dir and returns the results."""
+    samples.jsonl and results.json (with `scored_by`, the grader settings, when given) under out_dir and
+    returns the results."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -125,7 +126,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     if math_sets:
         results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
                               for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    record = {**results, "scored_by": scored_by} if scored_by else results
+    (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     return results
 
 
@@ -180,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="neighbor: similarity")
     parser.add_argument("--soft-top-k", type=int, default=10, help="soft / gaussian: tokens in the mixture")
     parser.add_argument("--noise-sigma", type=float, default=0.33, help="gaussian: noise std / mixture RMS")
+    parser.add_argument("--grader", default="ours", choices=reward.GRADERS, help="answer checker (README, Rewards)")
+    parser.add_argument("--reward", default="", help="your own reward function, module:function or file.py:function")
+    parser.add_argument("--require-boxed", action="store_true", help="only \\boxed answers count")
     return parser
 
 
@@ -188,6 +193,10 @@ def main(argv=None) -> dict:
     from model import load_model
     from rollout import Exploration, Sampling, generate
 
+    try:
+        pool = reward.RewardPool(grader=args.grader, reward_fn=args.reward, require_boxed=args.require_boxed)
+    except ValueError as error:  # at the edge, before the model loads
+        sys.exit(f"error: {error}")
     try:
         benchmarks = [load_benchmark(spec.strip(), args.limit) for spec in args.benchmarks.split(",") if spec.strip()]
     except (data.DataError, OSError) as error:
@@ -226,9 +235,11 @@ def main(argv=None) -> dict:
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 
-    with reward.RewardPool() as pool:
+    scored_by = {"grader": args.grader, "reward": args.reward, "require_boxed": args.require_boxed}
+    with pool:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=args.out_dir, batch_size=batch_size,
-                           seed=args.seed, resume=args.resume, score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+                           seed=args.seed, resume=args.resume, score_fn=lambda pairs, kind: pool.score(pairs, kind=kind),
+                           scored_by=scored_by)
     print(format_table(results))
     return results
 

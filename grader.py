@@ -142,7 +142,7 @@ _REWRITES = [(re.compile(pattern), replacement) for pattern, replacement in [
     (r"[·⋅]", r"\\cdot "), (r"÷", r"\\div "), (r"π", r"\\pi "), (r"∞", r"\\infty "), (r"√", r"\\sqrt "),
     (r"∪", r"\\cup "), (r"∩", r"\\cap "), (r"∈", r"\\in "), (r"∅", r"\\emptyset "),
     (r"(?<=\d)\s*(?:x|\\times|\\cdot|\*)\s*10\s*\^", r"\\times10^"),  # 3.2 x 10^5
-    (r"\\%|\bper\s?cent(?:age)?\b|\bpct\b", "%"),
+    (r"\\%|(?<![a-zA-Z])(?:per\s?cent(?:age)?|pct)\b", "%"),
     (r"\\\$|\$|\bdollars?\b|\bUSD\b|US\$|[€£¥]|\\euro\b|\\pounds\b", ""),
     (r"^[a-zA-Z]\s*\\in(?![a-zA-Z])", ""),
 ]]
@@ -932,7 +932,8 @@ def _expr_equal(a, b) -> bool:
         return True
     if _numerically_nonzero(difference):
         return False
-    if sympy.expand(difference) == 0 or sympy.simplify(difference) == 0:
+    if sympy.expand(difference) == 0 or sympy.expand(sympy.expand_log(difference, force=True)) == 0 \
+            or sympy.simplify(difference) == 0:  # force: names in answers are positive lengths and counts
         return True
     return difference.equals(0) is True
 

@@ -62,8 +62,8 @@ _TRAILER_WINDOW = 300
 _TRAILER = re.compile(r"(?:\s*(?:<\|[a-z_]+\|>\s*\w*|I hope (?:it|this) is correct\.?))+\s*$", re.I)
 _CONCLUSION = re.compile(r"(?:^|\s)((?:therefore|thus|hence|so|finally)\b[^.!?\n]{0,300}?\s(?:is|are|equals|=)\s"
                          r"[^\n]{1,120}?)\.?\s*$", re.I)
-_NOT_A_VALUE = re.compile(r"(?:correct|incorrect|right|wrong|not|that|as|below|above|given|this|these|the|an?"
-                          r"|to|in|of|which|because|since|clearly|indeed|still|also|then|we|it|there)\b", re.I)
+_NOT_A_VALUE = re.compile(r"(?:correct|incorrect|right|wrong|not|that|as|below|above|given|to|in|of|which"
+                          r"|because|since|clearly|indeed|still|also|then)\b", re.I)  # "our answer is correct"
 _PROSE_VALUE = re.compile(r".*\s(?:is|are|equals|=)\s+(.+)", re.S)
 _WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
 
@@ -116,7 +116,8 @@ def _last_statement(text: str, start: int = 0) -> str | None:
 def _concluding_value(text: str) -> str | None:
     """The value a concluding last sentence gives: "Therefore, the probability is 2/3." -> "2/3"."""
     sentence = _CONCLUSION.search(text)
-    return _stated_value(sentence.group(1)) if sentence else None
+    value = _stated_value(sentence.group(1)) if sentence else None
+    return value if value and not _WORD.search(normalize(value).text) else None  # "so we are done": no value
 
 
 def _without_trailer(text: str) -> str:
@@ -268,7 +269,9 @@ def _serve() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))  # a memory bomb raises MemoryError here
     except (ImportError, ValueError, OSError):
         pass
-    score = _scorer(json.loads(sys.argv[1]))
+    settings = json.loads(sys.argv[1])
+    sys.path.extend(path for path in settings["sys_path"] if path not in sys.path)
+    score = _scorer(settings)
     equivalent("(x+1)^2 \\le 3", "x^2+2x+1 \\leq 3")  # load sympy's lazy modules before the first timed job
     replies.write('"ready"\n')
     replies.flush()
@@ -357,7 +360,8 @@ class RewardPool:
         self.num_workers = num_workers or min(8, os.cpu_count() or 1)
         self.timeout_s = timeout_s
         self.grader, self.reward_fn, self.require_boxed = grader, reward_fn, require_boxed
-        self._command = _worker_command({"grader": grader, "reward_fn": reward_fn})
+        # the workers import a user's module from wherever this process can
+        self._command = _worker_command({"grader": grader, "reward_fn": reward_fn, "sys_path": sys.path})
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()

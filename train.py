@@ -333,7 +333,10 @@ def run(cfg: Config) -> dict:
     generator = torch.Generator(device).manual_seed(cfg.seed)
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    pool = RewardPool()
+    try:
+        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
+    except ValueError as error:  # --grader math-verify without the package, a --reward that does not load
+        raise SystemExit(f"error: {error}") from None
     summary = {"prompts": len(problems), "prompts_dropped": prompts_dropped}
 
     start_step = 0
