@@ -15,6 +15,7 @@ equivalent() is the whole check; it never raises, but it may take unbounded time
 (True, False)
 """
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -124,25 +125,24 @@ _TEXT_BLOCK = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textsf|mbox|m
                          r"|operatorname)\s*\{")
 _UNIT_TEXT = re.compile(r"[A-Za-z][A-Za-z .\-/]*")
 _UNIT_POWER = re.compile(r"\s*(?:\^\s*(?:\{\s*\d\s*\}|\d)|[²³])")
+# One pass for the many one-for-one spellings: a command (not followed by a letter) or a symbol -> ours.
+_SPELLINGS = {
+    "\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom", "\\tbinom": "\\binom",
+    "\\le": "\\leq", "\\leqslant": "\\leq", "\\ge": "\\geq", "\\geqslant": "\\geq", "\\ne": "\\neq",
+    "\\lt": "<", "\\gt": ">", "\\lbrace": "\\{", "\\rbrace": "\\}", "\\vert": "|", "\\lvert": "|",
+    "\\rvert": "|", ">=": "\\geq ", "<=": "\\leq ", "!=": "\\neq ", "≤": "\\leq ", "≥": "\\geq ",
+    "≠": "\\neq ", "−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "⋅": "\\cdot ", "÷": "\\div ",
+    "π": "\\pi ", "∞": "\\infty ", "√": "\\sqrt ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
+    "∅": "\\emptyset ", "\\%": "%",
+}
+_SPELLING = re.compile("|".join(
+    re.escape(key) + ("(?![a-zA-Z])" if key[0] == "\\" and key[-1].isalpha() else "")
+    for key in sorted(_SPELLINGS, key=len, reverse=True)))
 _REWRITES = [(re.compile(pattern), replacement) for pattern, replacement in [
-    (r"\\[dtc]frac(?![a-zA-Z])", r"\\frac"),
-    (r"\\[dt]binom(?![a-zA-Z])", r"\\binom"),
-    (r"\\(?:le|leqslant)(?![a-zA-Z])", r"\\leq"),
-    (r"\\(?:ge|geqslant)(?![a-zA-Z])", r"\\geq"),
-    (r"\\ne(?![a-zA-Z])", r"\\neq"),
-    (r"\\lt(?![a-zA-Z])", "<"),
-    (r"\\gt(?![a-zA-Z])", ">"),
-    (r"\\lbrace(?![a-zA-Z])", r"\\{"),
-    (r"\\rbrace(?![a-zA-Z])", r"\\}"),
-    (r"\\[lr]?vert(?![a-zA-Z])", "|"),
     (r"\\(?:mathrm|mathit)\{d\}", "d"),
-    (r">=", r"\\geq "), (r"<=", r"\\leq "), (r"!=", r"\\neq "),
     (r"\\begin\{array\}\{[^{}]*\}", r"\\begin{matrix}"), (r"\\end\{array\}", r"\\end{matrix}"),
-    (r"≤", r"\\leq "), (r"≥", r"\\geq "), (r"≠", r"\\neq "), (r"[−–]", "-"), (r"×", r"\\times "),
-    (r"[·⋅]", r"\\cdot "), (r"÷", r"\\div "), (r"π", r"\\pi "), (r"∞", r"\\infty "), (r"√", r"\\sqrt "),
-    (r"∪", r"\\cup "), (r"∩", r"\\cap "), (r"∈", r"\\in "), (r"∅", r"\\emptyset "),
     (r"(?<=\d)\s*(?:x|\\times|\\cdot|\*)\s*10\s*\^", r"\\times10^"),  # 3.2 x 10^5
-    (r"\\%|(?<![a-zA-Z])(?:per\s?cent(?:age)?|pct)\b", "%"),
+    (r"(?<![a-zA-Z])(?:per\s?cent(?:age)?|pct)\b", "%"),
     (r"\\\$|\$|\bdollars?\b|\bUSD\b|US\$|[€£¥]|\\euro\b|\\pounds\b", ""),
     (r"^[a-zA-Z]\s*\\in(?![a-zA-Z])", ""),
 ]]
@@ -241,8 +241,9 @@ def _rewrite_text_blocks(text: str) -> tuple[str, str]:
     return text, unit
 
 
+@functools.lru_cache(maxsize=8192)  # a reference is normalised once per group of responses, not G times
 def normalize(answer: str) -> Answer:
-    """The canonical form of an answer.
+    """The canonical form of an answer (a plain number is its own).
 
     >>> normalize("\\\\$1{,}234.50 \\\\text{ dollars}")
     Answer(text='1234.50', unit='', percent=False)
@@ -251,6 +252,8 @@ def normalize(answer: str) -> Answer:
     >>> normalize("15 \\\\text{ cm}^2"), normalize("12.5 \\\\%").percent
     (Answer(text='15', unit='cm^2', percent=False), True)
     """
+    if _PLAIN_NUMBER.fullmatch(answer):
+        return Answer(answer)
     text = unwrap(_DOUBLED_BACKSLASH.sub(r"\\", _CONTROL.sub("", answer)))
     if text.startswith("{") and matching_brace(text, 0) == len(text) - 1:
         text = text[1:-1]  # {1,2,3}: a TeX group around a list, not a set (that is \\{...\\})
@@ -259,6 +262,7 @@ def normalize(answer: str) -> Answer:
         text = text.replace(" ", "")
     text = _SPACING.sub(lambda match: "\\\\" if match.group() == "\\\\" else " ", text)  # keep \\ rows
     text, unit = _rewrite_text_blocks(text)
+    text = _SPELLING.sub(lambda match: _SPELLINGS[match.group()], text)
     for pattern, replacement in _REWRITES:
         text = pattern.sub(replacement, text)
     text = _LIST_WORD.sub(",", text).strip().rstrip(".").strip()
@@ -312,11 +316,11 @@ def plain_number(text: str) -> Fraction | None:
 
 
 def _read_decimal_commas(pred: str, ref: str) -> tuple[str, str]:
-    """2,74 against 2.74: a comma is a decimal comma when the other side writes the same kind of number
-    with a decimal point (a list "2, 74" has a space; 1,000 was already read as one thousand)."""
-    if _DECIMAL.fullmatch(ref) and _DECIMAL_COMMA.fullmatch(pred):
+    """2,74 against 2.74 or 137/50: a comma between digits is a decimal comma when the other side is one
+    plain number (a list "2, 74" has a space; 1,000 was already read as one thousand)."""
+    if _DECIMAL_COMMA.fullmatch(pred) and plain_number(ref) is not None:
         return pred.replace(",", "."), ref
-    if _DECIMAL.fullmatch(pred) and _DECIMAL_COMMA.fullmatch(ref):
+    if _DECIMAL_COMMA.fullmatch(ref) and plain_number(pred) is not None:
         return pred, ref.replace(",", ".")
     return pred, ref
 
@@ -852,6 +856,8 @@ def _parse_item(tokens: list[str]):
             values = [_parse_item(part) for part in parts]
             infinite = any(value in (sympy.oo, -sympy.oo) for value in values)
             if len(values) == 2 and (opener + closer != "()" or infinite):
+                if (values[0] > values[1]) is sympy.true:
+                    raise _Reject("an interval from a larger number to a smaller one")  # [15,-29) is no set
                 return sympy.Interval(values[0], values[1], opener == "(", closer == ")")
             if opener + closer not in ("()", "[]"):
                 raise _Reject("half-open bracket around a tuple")
@@ -872,7 +878,7 @@ def _is_set_like(value) -> bool:
 def _as_set(value) -> sympy.Set:
     if isinstance(value, sympy.Set):
         return value
-    if isinstance(value, tuple) and len(value) == 2:
+    if isinstance(value, tuple) and len(value) == 2 and (value[0] < value[1]) is sympy.true:
         return sympy.Interval.open(*value)
     if isinstance(value, list):
         return sympy.Union(*map(_as_set, value))
