@@ -127,11 +127,13 @@ _UNIT_TEXT = re.compile(r"[A-Za-z][A-Za-z .\-/]*")
 _UNIT_POWER = re.compile(r"\s*(?:\^\s*(?:\{\s*\d\s*\}|\d)|[²³])")
 # One pass for the many one-for-one spellings: a command (not followed by a letter) or a symbol -> ours.
 _SPELLINGS = {
-    "\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom", "\\tbinom": "\\binom",
+    "\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom",
+    "\\tbinom": "\\binom",
     "\\le": "\\leq", "\\leqslant": "\\leq", "\\ge": "\\geq", "\\geqslant": "\\geq", "\\ne": "\\neq",
     "\\lt": "<", "\\gt": ">", "\\lbrace": "\\{", "\\rbrace": "\\}", "\\vert": "|", "\\lvert": "|",
     "\\rvert": "|", ">=": "\\geq ", "<=": "\\leq ", "!=": "\\neq ", "≤": "\\leq ", "≥": "\\geq ",
-    "≠": "\\neq ", "−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "⋅": "\\cdot ", "÷": "\\div ",
+    "≠": "\\neq ", "−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "⋅": "\\cdot ",
+    "÷": "\\div ",
     "π": "\\pi ", "∞": "\\infty ", "√": "\\sqrt ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
     "∅": "\\emptyset ", "\\%": "%",
 }
@@ -147,7 +149,8 @@ _REWRITES = [(re.compile(pattern), replacement) for pattern, replacement in [
     (r"^[a-zA-Z]\s*\\in(?![a-zA-Z])", ""),
 ]]
 # A degree mark at the very end is the answer's unit; elsewhere ((1, 30°) in polar form) it is dropped.
-_DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°|\^?\\degree(?![a-zA-Z])")
+_DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°"
+                     r"|\^?\\degree(?![a-zA-Z])")
 # Spaces go, except where they separate tokens: "\pi r" is not "\pir", "\log_2 8" is not "\log_28".
 _PROTECTED_SPACE = re.compile(r"(\\[a-zA-Z]+|[_^]\d)\s+(?=[a-zA-Z\d])")
 _SHORT_ARGS = [(re.compile(pattern), replacement) for pattern, replacement in [
@@ -164,16 +167,19 @@ _UNIT_SPELLINGS = {
     "mm": "mm millimeter millimetre", "cm": "cm centimeter centimetre", "m": "m meter metre",
     "km": "km kilometer kilometre", "in": "in inch", "ft": "ft foot feet", "yd": "yd yard", "mi": "mi mile",
     "mph": "mph", "km/h": "km/h kph kmh", "m/s": "m/s", "s": "s sec second", "min": "min minute",
-    "h": "h hr hour", "day": "day", "week": "wk week", "month": "month", "year": "yr year", "mg": "mg milligram",
+    "h": "h hr hour", "day": "day", "week": "wk week", "month": "month", "year": "yr year",
+    "mg": "mg milligram",
     "g": "g gram", "kg": "kg kilogram", "lb": "lb pound", "oz": "oz ounce", "l": "l liter litre",
     "ml": "ml milliliter millilitre", "gal": "gal gallon", "cent": "cent", "degree": "degree deg",
     "radian": "rad radian", "%": "%",
 }
-_UNIT_NAMES = {spelling: name for name, spellings in _UNIT_SPELLINGS.items() for spelling in spellings.split()}
+_UNIT_NAMES = {spelling: name for name, spellings in _UNIT_SPELLINGS.items()
+               for spelling in spellings.split()}
 _GENERIC_UNITS = {"unit", "dollar", "usd"}  # say nothing about the answer: no unit
 _TRAILING_UNIT = re.compile(
-    r"(?<=[\d}).\s])\s*((?:(?:sq(?:uare)?|cubic)\.?\s+)?(?:units?|mm|cm|km|m|meters?|metres?|centimet(?:er|re)s?"
-    r"|millimet(?:er|re)s?|kilomet(?:er|re)s?|inch(?:es)?|in|feet|foot|ft|yards?|yd|miles?|mi|mph|km/h|m/s"
+    r"(?<=[\d}).\s])\s*((?:(?:sq(?:uare)?|cubic)\.?\s+)?(?:units?|mm|cm|km|m|meters?|metres?"
+    r"|centimet(?:er|re)s?|millimet(?:er|re)s?|kilomet(?:er|re)s?|inch(?:es)?|in|feet|foot|ft|yards?|yd"
+    r"|miles?|mi|mph|km/h|m/s"
     r"|seconds?|sec|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|yrs?|cents?|degrees?|radians?"
     r"|rad|mg|kg|g|grams?|kilograms?|pounds?|lbs?|ounces?|oz|liters?|litres?|l|ml|gallons?|gal))\.?"
     r"((?:\s*\^\s*(?:\{\s*\d\s*\}|\d))|[²³])?\s*$", re.I)
@@ -192,6 +198,17 @@ def _canonical_unit(words: str, power: str = "") -> str:
     if name in _GENERIC_UNITS:
         return ""
     return f"{name}^{exponent}" if exponent and exponent != "1" else name
+
+
+_SHORT_UNITS = {"m", "s", "h", "l", "g", "in", "mi"}  # also names of variables: a unit only after "5 "
+
+
+def _is_unit_after_value(text: str, trailing: re.Match) -> bool:
+    """Whether a trailing unit word follows a value (5 cm, 12 m) rather than ends a formula (n - m, 5m)."""
+    before = text[:trailing.start()]
+    if not re.search(r"[\d})]\s*$", before):
+        return False
+    return trailing.group(1).lower() not in _SHORT_UNITS or trailing.group(0)[:1].isspace()
 
 
 def unwrap(text: str) -> str:
@@ -267,7 +284,7 @@ def normalize(answer: str) -> Answer:
         text = pattern.sub(replacement, text)
     text = _LIST_WORD.sub(",", text).strip().rstrip(".").strip()
     trailing = _TRAILING_UNIT.search(text)
-    if trailing and not unit and text[:trailing.start()].strip():
+    if trailing and not unit and _is_unit_after_value(text, trailing):
         unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
         text = text[:trailing.start()]
     degree_at_end = re.search(f"(?:{_DEGREE.pattern})\\s*$", text)
@@ -291,7 +308,8 @@ def normalize(answer: str) -> Answer:
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?")
 _DECIMAL = re.compile(r"[+-]?\d*\.(\d+)")
 _DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")  # 1,000 never gets here: normalize() read it as 1000
-_PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}|\(?([+-]?\d+)\)?/\(?([+-]?\d+)\)?)")
+_PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
+                             r"|\(?([+-]?\d+)\)?/\(?([+-]?\d+)\)?)")
 _SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
 _CHOICE = re.compile(r"\(([A-Ea-e])\)")
 _LEADING_CHOICE = re.compile(r"\(?([A-Ea-e])\)?(?![A-Za-z])")
@@ -506,7 +524,8 @@ def _repeating_decimal(literal: str, repeating: str) -> sympy.Rational:
     """0.1\\overline{6} -> 1/6."""
     whole, fixed = literal.split(".")
     without = int(whole + fixed or "0")
-    return sympy.Rational(int(whole + fixed + repeating) - without, 10 ** len(fixed) * (10 ** len(repeating) - 1))
+    denominator = 10 ** len(fixed) * (10 ** len(repeating) - 1)
+    return sympy.Rational(int(whole + fixed + repeating) - without, denominator)
 
 
 class _Parser:
@@ -525,8 +544,8 @@ class _Parser:
     def upcoming(self, *pattern: str) -> list[str] | None:
         """The next tokens if they fit the pattern ("#" stands for a run of digits), else None."""
         tokens = self.tokens[self.position:self.position + len(pattern)]
-        fits = len(tokens) == len(pattern) and all(
-            token.isdigit() if expected == "#" else token == expected for token, expected in zip(tokens, pattern))
+        fits = len(tokens) == len(pattern) and all(token.isdigit() if expected == "#" else token == expected
+                                                   for token, expected in zip(tokens, pattern))
         return tokens if fits else None
 
     def take(self) -> str:
@@ -849,7 +868,9 @@ def _parse_item(tokens: list[str]):
     opener, closer = tokens[0], tokens[-1]
     if opener == "\\{" and closer == "\\}" and _closes_at_end(tokens):
         inner = tokens[1:-1]
-        return _flatten([_parse_item(item) for item in split_top(inner, {",", ";"})]) if inner else sympy.S.EmptySet
+        if not inner:
+            return sympy.S.EmptySet
+        return _flatten([_parse_item(item) for item in split_top(inner, {",", ";"})])
     if opener in ("(", "[") and closer in (")", "]") and _closes_at_end(tokens):
         parts = split_top(tokens[1:-1], {","} if "," in tokens else {";"})  # (0;-2;6) is a triple
         if len(parts) > 1:
@@ -882,7 +903,7 @@ def _as_set(value) -> sympy.Set:
         return sympy.Interval.open(*value)
     if isinstance(value, list):
         return sympy.Union(*map(_as_set, value))
-    if isinstance(value, (sympy.And, sympy.core.relational.Relational)) and not isinstance(value, sympy.Equality):
+    if _is_set_like(value):
         symbols = value.free_symbols
         if len(symbols) != 1:
             raise _Reject("not an inequality in one variable")
@@ -905,9 +926,8 @@ def _sets_equal(a: sympy.Set, b: sympy.Set) -> bool:
     if isinstance(a, sympy.Union) and isinstance(b, sympy.Union) and len(a.args) == len(b.args) \
             and all(isinstance(piece, sympy.Interval) for piece in a.args + b.args):
         return all(map(_sets_equal, a.args, b.args))  # sympy orders numeric pieces
-    if any(isinstance(value, (sympy.Interval, sympy.FiniteSet, sympy.Union)) for value in (a, b)) \
-            and not (a.free_symbols or b.free_symbols) and {type(a), type(b)} <= {sympy.Interval,
-                                                                                 sympy.FiniteSet, sympy.Union}:
+    numeric_sets = {sympy.Interval, sympy.FiniteSet, sympy.Union}
+    if {type(a), type(b)} <= numeric_sets and not (a.free_symbols or b.free_symbols):
         return False  # different kinds of numeric sets that sympy did not make identical
     return sympy.Complement(a, b).is_empty is True and sympy.Complement(b, a).is_empty is True
 
@@ -998,7 +1018,8 @@ def answers_equal(a, b) -> bool:
     """Equivalence of two parsed answers (see parse_answer for the kinds)."""
     a = a[0] if isinstance(a, list) and len(a) == 1 else a
     b = b[0] if isinstance(b, list) and len(b) == 1 else b
-    if isinstance(a, _INEQUALITIES) and isinstance(b, _INEQUALITIES) and len(a.free_symbols | b.free_symbols) > 1:
+    if isinstance(a, _INEQUALITIES) and isinstance(b, _INEQUALITIES) \
+            and len(a.free_symbols | b.free_symbols) > 1:
         return _relations_equal(a, b)
     if _is_set_like(a) or _is_set_like(b):
         return _sets_equal(_as_set(a), _as_set(b))
@@ -1006,7 +1027,7 @@ def answers_equal(a, b) -> bool:
         if isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase) and a.shape == b.shape:
             return all(map(_expr_equal, a, b))
         a_vector, b_vector = _as_vector(a), _as_vector(b)
-        return a_vector is not None and b_vector is not None and _lists_equal(tuple(a_vector), tuple(b_vector))
+        return None not in (a_vector, b_vector) and _lists_equal(tuple(a_vector), tuple(b_vector))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return _lists_equal(a, b)
     if isinstance(a, sympy.Equality) or isinstance(b, sympy.Equality):
@@ -1053,7 +1074,8 @@ def _compare_defined_values(pred: Answer, ref: Answer) -> bool:
     if pred_defined and ref_defined:
         if pred_defined[0] != ref_defined[0] or (pred_defined[1], ref_defined[1]) == (pred.text, ref.text):
             return False
-        pred, ref = Answer(pred_defined[1], pred.unit, pred.percent), Answer(ref_defined[1], ref.unit, ref.percent)
+        pred = Answer(pred_defined[1], pred.unit, pred.percent)
+        ref = Answer(ref_defined[1], ref.unit, ref.percent)
     elif pred_defined and "=" not in ref.text:
         pred = Answer(pred_defined[1], pred.unit, pred.percent)
     elif ref_defined and "=" not in pred.text:

@@ -24,6 +24,7 @@ import atexit
 import importlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import re
@@ -51,7 +52,8 @@ STARTUP_TIMEOUT_S = 60.0
 _STATEMENT_WINDOW = 4000  # a "final answer" statement far from the end is not final
 _ANSWER_STATEMENT = re.compile(
     r"\b(?:final\s+)?answer\s+(?:is|should\s+be|would\s+be)\b[\s*_]*:?"  # (the) (final) answer is
-    r"|^[\s*_#>]*(?:final\s+)?answer[\s*_]*[:：=]|\bfinal\s+answer[\s*_]*[:：]"  # Answer: 5, Final Answer: 5
+    r"|^[\s*_#>]*(?:final\s+)?answer[\s*_]*[:：=]"  # "Answer: 5" on a line of its own
+    r"|\bfinal\s+answer[\s*_]*[:：]"  # "... Final Answer: 5"
     r"|\bfinal\s+answer\b[\s*_#:]*\n"  # a "Final Answer" heading
     r"|^#{4}(?!#)", re.I | re.M)  # GSM8K's #### 5
 _MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|\$(.{1,500}?)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.S)
@@ -60,10 +62,12 @@ _PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|[;!?](?:\s|$)| (?:which|since|because|as|so|and so|where)\s")
 _TRAILER_WINDOW = 300
 _TRAILER = re.compile(r"(?:\s*(?:<\|[a-z_]+\|>\s*\w*|I hope (?:it|this) is correct\.?))+\s*$", re.I)
-_CONCLUSION = re.compile(r"(?:^|\s)((?:therefore|thus|hence|so|finally)\b[^.!?\n]{0,300}?\s(?:is|are|equals|=)\s"
+_CONCLUSION = re.compile(r"(?:^|\s)((?:therefore|thus|hence|so|finally)\b[^.!?\n]{0,300}?"
+                         r"\s(?:is|are|equals|=)\s"
                          r"[^\n]{1,120}?)\.?\s*$", re.I)
+# "our answer is correct": what follows the marker is not a value
 _NOT_A_VALUE = re.compile(r"(?:correct|incorrect|right|wrong|not|that|as|below|above|given|to|in|of|which"
-                          r"|because|since|clearly|indeed|still|also|then)\b", re.I)  # "our answer is correct"
+                          r"|because|since|clearly|indeed|still|also|then)\b", re.I)
 _PROSE_VALUE = re.compile(r".*\s(?:is|are|equals|=)\s+(.+)", re.S)
 _WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
 
@@ -230,6 +234,7 @@ def _scorer(settings: dict):
         user_function = load_reward_function(settings["reward_fn"])
         return lambda response, reference: _finite(user_function(response, reference))
     if settings["grader"] == "math-verify":
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": ours bounds it
         return math_verify_reward
     return lambda candidates, reference: float(any(equivalent(c, reference) for c in candidates))
 
@@ -390,7 +395,7 @@ class RewardPool:
         """For each (candidate answers, reference answer): whether any candidate equals the reference by
         our grader (a pool with grader "ours" and no reward_fn)."""
         if self.reward_fn or self.grader != "ours":
-            raise ValueError("judge() is our grader's; this pool scores with " + (self.reward_fn or self.grader))
+            raise ValueError(f"judge() is our grader's; this pool scores with {self.reward_fn or self.grader}")
         scores = [0.0] * len(jobs)
         hard = []
         for index, (candidates, reference) in enumerate(jobs):
@@ -398,7 +403,8 @@ class RewardPool:
             if True in fast:
                 scores[index] = 1.0
             elif None in fast:
-                hard.append((index, [c for c, verdict in zip(candidates, fast) if verdict is None], reference))
+                undecided = [candidate for candidate, verdict in zip(candidates, fast) if verdict is None]
+                hard.append((index, undecided, reference))
         if hard:
             self._run_all(hard, timeout_s, scores)
         return [verdict == 1.0 for verdict in scores]
@@ -552,7 +558,8 @@ def extract_choice(response: str) -> str | None:
         found.append((statement.start(), statement.group(1)))
     spans = box_spans(response)
     if spans:
-        boxed = re.fullmatch(r"\(?([A-Z])\)?", normalize(spans[-1][2]).text) if len(spans[-1][2]) < 100 else None
+        content = spans[-1][2]
+        boxed = re.fullmatch(r"\(?([A-Z])\)?", normalize(content).text) if len(content) < 100 else None
         if boxed:
             found.append((spans[-1][0], boxed.group(1)))
     stripped = response.rstrip()
