@@ -183,6 +183,8 @@ _TRAILING_UNIT = re.compile(
     r"|seconds?|sec|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|yrs?|cents?|degrees?|radians?"
     r"|rad|mg|kg|g|grams?|kilograms?|pounds?|lbs?|ounces?|oz|liters?|litres?|l|ml|gallons?|gal))\.?"
     r"((?:\s*\^\s*(?:\{\s*\d\s*\}|\d))|[²³])?\s*$", re.I)
+# "12 apples", "7 people": a plain word after a plain number names what is counted (a unit of its own)
+_TRAILING_NOUN = re.compile(r"(?<=\d)\s+([a-zA-Z]{3,}(?:\s+[a-zA-Z]{3,})?)()$")
 _SPELLED_POWER = re.compile(r"^(?:(sq(?:uare)?)|(cubic))\.?\s+", re.I)
 
 
@@ -208,6 +210,8 @@ def _is_unit_after_value(text: str, trailing: re.Match) -> bool:
     before = text[:trailing.start()]
     if not re.search(r"[\d})]\s*$", before):
         return False
+    if trailing.re is _TRAILING_NOUN and not _PLAIN_NUMBER.fullmatch(before.strip()):
+        return False  # "2x + 3 ways"? only a bare number counts things
     return trailing.group(1).lower() not in _SHORT_UNITS or trailing.group(0)[:1].isspace()
 
 
@@ -283,7 +287,7 @@ def normalize(answer: str) -> Answer:
     for pattern, replacement in _REWRITES:
         text = pattern.sub(replacement, text)
     text = _LIST_WORD.sub(",", text).strip().rstrip(".").strip()
-    trailing = _TRAILING_UNIT.search(text)
+    trailing = _TRAILING_UNIT.search(text) or _TRAILING_NOUN.search(text)
     if trailing and not unit and _is_unit_after_value(text, trailing):
         unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
         text = text[:trailing.start()]
@@ -311,7 +315,7 @@ _DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")  # 1,000 never gets here: norma
 _PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
                              r"|\(?([+-]?\d+)\)?/\(?([+-]?\d+)\)?)")
 _SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
-_CHOICE = re.compile(r"\(([A-Ea-e])\)")
+_CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
 _LEADING_CHOICE = re.compile(r"\(?([A-Ea-e])\)?(?![A-Za-z])")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
 _FUNCTION_NAME = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi")
@@ -427,7 +431,7 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
     choice = _CHOICE.fullmatch(ref_text)
     if choice:
         leading = _LEADING_CHOICE.match(pred_text)
-        return bool(leading) and leading.group(1).upper() == choice.group(1).upper()
+        return bool(leading) and leading.group(1).upper() == (choice.group(1) or choice.group(2)).upper()
     if _is_words(ref_text) or _is_words(pred_text):
         return pred_text.lower() == ref_text.lower()
     pred_text, ref_text = _read_decimal_commas(pred_text, ref_text)

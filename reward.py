@@ -58,6 +58,8 @@ _ANSWER_STATEMENT = re.compile(
     r"|^#{4}(?!#)", re.I | re.M)  # GSM8K's #### 5
 _MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|\$(.{1,500}?)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.S)
 _MATH_CLOSERS = (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\["))
+_LIST_SEPARATOR = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*(?=\$|\\[(\[])")
+_REMARK = re.compile(r"\s*\([^()]*[a-zA-Z]{3}[^()]*\)$")  # "3 (not 4)": a remark in words
 _PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|[;!?](?:\s|$)| (?:which|since|because|as|so|and so|where)\s")
 _TRAILER_WINDOW = 300
@@ -78,14 +80,20 @@ def _stated_value(rest: str) -> str | None:
     rest = rest.lstrip(" *_:")
     if _NOT_A_VALUE.match(rest):
         return None
-    span = _MATH_SPAN.match(rest)
-    if span:
+    values, position = [], 0
+    while span := _MATH_SPAN.match(rest, position):  # "$x = 2$ or $x = 3$": every span of the list
         value = next(group for group in span.groups() if group is not None).strip()
         percent = _PERCENT_AFTER.match(rest, span.end())
-        return value + ("\\%" if percent else "") if value else None
+        values.append(value + ("\\%" if percent else ""))
+        separator = _LIST_SEPARATOR.match(rest, percent.end() if percent else span.end())
+        if not separator:
+            break
+        position = separator.end()
+    if values:
+        return ", ".join(values) if all(values) else None
     line = rest.split("\n", 1)[0][:200]
     line = _SENTENCE_END.split(line, maxsplit=1)[0]
-    line = line.strip().rstrip(".,;:").strip("*_ ").strip()
+    line = _REMARK.sub("", line.strip().rstrip(".,;:")).strip("*_ ").strip()
     prose = _PROSE_VALUE.fullmatch(line)  # "The volume of $ABCD$ is 120": what follows the last "is"
     if prose and _WORD.search(normalize(line).text):
         return _stated_value(prose.group(1))

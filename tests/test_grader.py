@@ -29,6 +29,10 @@ RESPONSES = {
         ("Final Answer: The final answer is $10,455$. I hope it is correct.", "10455", True),
         ("The area is $5\\cdot 6 = 30$.\n\n30", "30", True),
         ("Final Answer: The largest $n$ is 34.", "34", True),
+        ("So, the final answer is 12 apples.", "12", True),
+        ("The final answer is $x = 2$ or $x = 3$.", "2, 3", True),
+        ("The final answer is $x = 2$ or $x = 3$.", "2, 4", False),
+        ("The answer is 3 (not 4).", "3", True),
         ("The answer is 41, not 42.", "42", False),
         ("I think it is 5, but let me check the other case first", "5", False),
         ("We may check our answer: $17 \\cdot 44 = 748$, so our answer is correct.", "748", False),
@@ -119,6 +123,14 @@ ANSWERS = {
         ("x = 5", "5", True), ("(p,q) = (3,2)", "(3,2)", True), ("V_1:V_2 = 11:21", "11:21", True),
         ("AB=4, CD=5", "4, 5", True), ("x = 5+5+1 = 11", "11", True), ("y = 2x + 3", "2x - y + 3 = 0", True),
         ("x = 5", "6", False), ("(p,q) = (3,2)", "(2,3)", False), ("y = 2x + 3", "x = 2y + 3", False),
+    ],
+    "multiple-choice letters": [
+        ("\\text{(B) } 5", "B", True), ("(C) 12", "C", True), ("\\textbf{(C)}", "C", True), ("b", "(b)", True),
+        ("(A)", "B", False), ("5", "B", False),
+    ],
+    "counted things after a number": [
+        ("7 people", "7", True), ("12", "12 \\text{ apples}", True), ("7 people", "8", False),
+        ("12 apples", "12 oranges", False),
     ],
     "lists: and / or, several boxes": [
         ("(11,7)or(7,11)", "(7,11), (11,7)", True), ("1 and 2 and 3", "1, 2, 3", True),
