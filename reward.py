@@ -160,8 +160,8 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
     final_spans = [span for span in spans if span[0] > think_end]
     if not require_boxed:
         statement = _last_statement(response, final_spans[-1][1] if final_spans else think_end + 1)
-        if statement:
-            return [statement]
+        if statement and not (final_spans and _WORD.search(normalize(statement).text)):
+            return [statement]  # after a box, only a formula overrides it: "Answer: see above" does not
         if not final_spans:
             final_part = response[think_end + 1:][-_STATEMENT_WINDOW:]
             formula = _final_formula(final_part) or _concluding_value(final_part)
