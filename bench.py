@@ -206,6 +206,7 @@ def bench_grader(args: argparse.Namespace) -> None:
     """Throughput (RewardPool, warm workers) and one-at-a-time latency (is_equiv / math_reward, one shared
     worker) on MATH-500 reference answers against themselves, equivalent rewritings and wrong answers;
     ~8k-character responses; adversarial inputs; agreement with math-verify when it is installed."""
+    import grader
     import reward
 
     rng = random.Random(args.seed)
@@ -237,14 +238,12 @@ def bench_grader(args: argparse.Namespace) -> None:
     with reward.RewardPool(num_workers=workers, timeout_s=args.timeout_s) as pool:
         pool.score([("\\boxed{\\sqrt{8}}", "2\\sqrt{2}")] * workers)  # start the workers outside the timings
         reward.is_equiv("\\sqrt{8}", "2\\sqrt{2}")  # and the shared one behind is_equiv / math_reward
-        verdicts = {}
         for case, pairs in cases.items():
             start = time.perf_counter()
             scores = pool.score([(f"So the answer is $\\boxed{{{prediction}}}$.", reference)
                                  for prediction, reference, _ in pairs])
             elapsed_s = time.perf_counter() - start
-            verdicts[case] = scores
-            in_process = sum(reward._fast_verdict(p, r) is not None for p, r, _ in pairs) / len(pairs)
+            in_process = sum(grader.fast_verdict(p, r) is not None for p, r, _ in pairs) / len(pairs)
             report(f"{source} {case}", len(pairs), pairs_per_s=round(len(pairs) / elapsed_s, 1),
                    **timed_singly(lambda p, r: reward.is_equiv(p, r, timeout=args.timeout_s), pairs),
                    accuracy=accuracy(scores, [e for _, _, e in pairs]), decided_in_process=round(in_process, 3))
@@ -252,7 +251,7 @@ def bench_grader(args: argparse.Namespace) -> None:
                 if score != expected:
                     note(f"grader {case}: {prediction!r} vs {reference!r} scored {score}, expected {expected}")
 
-        hard = [pair for pairs in cases.values() for pair in pairs if reward._fast_verdict(pair[0], pair[1]) is None]
+        hard = [pair for pairs in cases.values() for pair in pairs if grader.fast_verdict(pair[0], pair[1]) is None]
         start = time.perf_counter()
         scores = pool.score([(f"\\boxed{{{prediction}}}", reference) for prediction, reference, _ in hard])
         elapsed_s = time.perf_counter() - start
@@ -281,30 +280,204 @@ def bench_grader(args: argparse.Namespace) -> None:
                all_zero=scores == [0.0] * len(adversarial))
 
     if args.math_verify:
-        compare_with_math_verify(cases, verdicts)
+        compare_with_math_verify(args, workers)
 
 
-def compare_with_math_verify(cases: dict, verdicts: dict) -> None:
-    """Agreement with math-verify (the paper's grader) on the same pairs; disagreements go to stderr."""
-    try:
-        from math_verify import parse, verify
-    except ImportError:
+# The format corpus: each benchmark reference against its own rewritings in the formats of README's
+# "Rewards" (expected equal), near misses (expected unequal), and inside long responses with and without
+# \boxed. Built at run time from ../shared/data's math sets; nothing of them is stored in the repo.
+
+FORMAT_SETS = ("math500", "aime24", "aime25", "amc23")
+
+
+def _grouped(n: int, separator: str) -> str:
+    return f"{n:,}".replace(",", separator)
+
+
+def _number_forms(value: Fraction, reference: str) -> list[tuple[str, str, bool]]:
+    """(kind, prediction, expected) for a reference that is a plain number."""
+    forms = []
+    if value.denominator == 1:
+        n = value.numerator
+        if abs(n) >= 1000:
+            forms += [("thousands separators", _grouped(n, sep), True) for sep in (",", " ", "\\,", "{,}", "\u2009")]
+            forms += [("thousands separators", _grouped(n + 1, ","), False),
+                      ("thousands separators", _grouped(n, ", "), False)]  # "1, 000" is a list
+            digits = str(abs(n))
+            if digits.endswith("0"):
+                significant, places = digits.rstrip("0"), len(digits) - 1
+                text = ("-" if n < 0 else "") + significant[0] + ("." + significant[1:] if len(significant) > 1 else "")
+                forms += [("scientific notation", f"{text} \\times 10^{{{places}}}", True),
+                          ("scientific notation", f"{text}e{places}", True),
+                          ("scientific notation", f"{text} \\times 10^{{{places + 1}}}", False)]
+        forms += [("trailing zeros", f"{n}.0", True), ("trailing zeros", f"{n}.01", False),
+                  ("currency and units glued", f"\\${n}", True), ("currency and units glued", f"{n} dollars", True),
+                  ("currency and units glued", f"{n}\\text{{ cm}}", True),
+                  ("currency and units glued", f"\\${n + 1}", False)]
+        if n:
+            forms.append(("sign", str(-n), False))
+    else:
+        p, q = value.numerator, value.denominator
+        forms += [("a/b against \\frac", f"{p}/{q}", True), ("a/b against \\frac", f"\\frac{{{p}}}{{{q}}}", True),
+                  ("a/b against \\frac", f"{'-' if p < 0 else ''}\\dfrac{{{abs(p)}}}{{{q}}}", True),
+                  ("a/b against \\frac", f"{q}/{p}", False), ("a/b against \\frac", f"{-p}/{q}", False)]
+        if _terminates(q):
+            decimal = f"{float(value):.12g}"
+            forms += [("decimals", decimal, True), ("decimals", decimal + "1", False)]
+            if 0 < value < 1:
+                forms.append(("leading point", decimal.lstrip("0"), True))
+            if "e" not in decimal and len(decimal.split(".")[1]) != 3:
+                forms += [("decimal comma", decimal.replace(".", ","), True),
+                          ("decimal comma", f"{float(value) * 10:.12g}".replace(".", ","), False)]
+        else:
+            forms += [("decimals written out", f"{float(value):.8f}", True),
+                      ("decimals written out", f"{float(value):.2f}", False)]
+    return forms
+
+
+def _terminates(denominator: int) -> bool:
+    return denominator == 2 ** _exponent_of(denominator, 2) * 5 ** _exponent_of(denominator, 5)
+
+
+def format_cases(reference: str) -> list[tuple[str, str, bool]]:
+    """(kind, prediction, expected verdict) rewritings of one reference answer in the formats of the issue."""
+    import grader
+
+    answer = grader.normalize(reference)
+    value = grader.plain_number(answer.text)
+    forms = []
+    if value is not None and not answer.percent and not answer.unit:
+        forms += _number_forms(value, reference)
+    if answer.percent and value is not None:
+        number = answer.text
+        forms += [("percent", f"{number}{spelling}", True) for spelling in ("%", "\\%", " percent", " pct", "percent")]
+        forms += [("percent", f"{number}\\text{{ percent}}", True), ("percent", f"{value + 1}%", False)]
+    if answer.unit == "degree" and value is not None:
+        forms += [("degrees", f"{answer.text}°", True), ("degrees", f"{answer.text} degrees", True),
+                  ("degrees", f"\\frac{{{answer.text}\\pi}}{{180}}", False)]
+    elif answer.unit and value is not None:
+        forms += [("units", f"{answer.text}", True), ("units", f"{answer.text}\\text{{ km}}", answer.unit == "km"),
+                  ("units", f"{value + 1}\\text{{ {answer.unit}}}", False)]
+    interval = re.fullmatch(r"([(\[])([^,()\[\]]+),([^,()\[\]]+)([)\]])", answer.text)
+    if interval:
+        opener, left, right, closer = interval.groups()
+        swapped = {"(": "[", "[": "("}[opener] if "infty" not in left else opener
+        forms += [("intervals", f"\\left{opener} {left}, {right} \\right{closer}", True),
+                  ("intervals", f"{swapped}{left},{right}{closer}", swapped == opener)]
+    items = _depth_zero_split(answer.text, re.compile(",")) if not interval else []
+    if len(items) > 1 and not re.search(r"\\begin|\\\{", answer.text):
+        forms += [("lists", ", ".join(reversed(items)), answer.text[0] not in "(["),
+                  ("lists", ", ".join(items[:-1]), False)]
+    return forms
+
+
+def long_response(solution: str, final_part: str, rng: random.Random, padding: list[str], chars: int) -> str:
+    """An R1-style response: a <think> block of about `chars` characters (the solution padded with other
+    solutions, boxes removed), then `final_part`."""
+    think = [solution.replace("\\boxed", "")]
+    while sum(map(len, think)) < chars:
+        think.insert(rng.randrange(len(think) + 1), rng.choice(padding).replace("\\boxed", ""))
+        think.insert(rng.randrange(len(think) + 1), rng.choice(FILLER))
+    return "<think>\n" + "\n\n".join(think)[:chars] + "\n</think>\n\n" + final_part
+
+
+RESPONSE_FORMS = {  # kind -> how the final part of a response states the answer A (or the wrong W in <think>)
+    "response: boxed": "Putting the steps together, the final answer is $\\boxed{{{A}}}$.",
+    "response: 'the answer is', no box": "Putting the steps together, the answer is ${A}$.",
+    "response: 'Final Answer' heading, no box": "**Final Answer**\n\n$${A}$$",
+    "response: 'Answer:' line, no box": "So we are done.\n\nAnswer: ${A}$",
+    "response: GSM8K ####, no box": "So we are done.\n#### {A}",
+}
+
+
+def response_cases(problems: list[dict], rng: random.Random, chars: int, every: int) -> list[tuple]:
+    """(kind, response, reference, expected): every `every`-th reference inside long responses, right and
+    wrong, in each of RESPONSE_FORMS, and a box inside <think> against a different final statement."""
+    padding = [problem["solution"] for problem in problems if problem.get("solution")]
+    cases = []
+    for index, problem in enumerate(problems[::every]):
+        reference, solution = str(problem["answer"]), problem.get("solution") or rng.choice(padding)
+        wrong = wrong_rewriting(reference)
+        for kind, template in RESPONSE_FORMS.items():
+            for answer, expected in ((reference, True), (wrong, False)):
+                cases.append((kind, long_response(solution, template.format(A=answer), rng, padding, chars),
+                              reference, expected))
+        think = f"<think>\nSo it is $\\boxed{{{wrong}}}$. Wait, let me recheck.\n</think>\n\nThe answer is ${reference}$."
+        cases.append(("response: box in <think>, final statement after", think, reference, True))
+        think = f"<think>\nSo it is $\\boxed{{{reference}}}$. Wait, let me recheck.\n</think>\n\nThe answer is ${wrong}$."
+        cases.append(("response: box in <think>, final statement after", think, reference, False))
+    return cases
+
+
+def load_format_problems() -> list[dict]:
+    """The reference answers (and solutions) of the math benchmark files in ../shared/data."""
+    problems = []
+    for name in FORMAT_SETS:
+        path = EVAL_DATA / f"{name}.jsonl"
+        if path.is_file():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            problems += [{"set": name, "answer": _answer_string(row["answer"]), "solution": row.get("solution", "")}
+                         for row in rows]
+    return problems
+
+
+def _answer_string(answer) -> str:
+    return str(int(answer)) if isinstance(answer, float) and answer.is_integer() else str(answer)
+
+
+def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
+    """The format corpus scored by ours and by math-verify (in our pool: same timeout); agreement overall and
+    by kind, each grader's accuracy against the expected verdicts, false positives, and every
+    disagreement on stderr."""
+    import importlib.util
+
+    import reward
+
+    if importlib.util.find_spec("math_verify") is None:
         note("math-verify is not installed (pip install math-verify): skipping the agreement check")
         return
-    agree, total, seconds = 0, 0, []
-    for case, pairs in cases.items():
-        for (prediction, reference, expected), ours in zip(pairs, verdicts[case]):
+    rng = random.Random(args.seed)
+    problems = load_format_problems()
+    if not problems:
+        note(f"no benchmark files under {EVAL_DATA}: skipping the agreement check")
+        return
+    cases = [(kind, f"So the answer is $\\boxed{{{prediction}}}$.", problem["answer"], expected)
+             for problem in problems for kind, prediction, expected in format_cases(problem["answer"])]
+    cases += [(kind, f"So the answer is $\\boxed{{{prediction}}}$.", problem["answer"], expected)
+              for problem in problems for kind, prediction, expected in
+              [("self", problem["answer"], True), ("near miss", wrong_rewriting(problem["answer"]), False)]]
+    cases += response_cases(problems, rng, args.corpus_response_chars, every=args.corpus_every)
+    pairs = [(response, reference) for _, response, reference, _ in cases]
+    scores = {}
+    for name in ("ours", "math-verify"):
+        with reward.RewardPool(num_workers=workers, timeout_s=args.timeout_s, grader=name) as pool:
+            pool.score(pairs[:workers])
             start = time.perf_counter()
-            theirs = 1.0 if verify(parse(f"\\boxed{{{reference}}}"), parse(f"\\boxed{{{prediction}}}")) else 0.0
-            seconds.append(time.perf_counter() - start)
-            total += 1
-            agree += theirs == ours
-            if theirs != ours:
-                note(f"math-verify disagrees ({case}): {prediction!r} vs {reference!r}: ours {ours}, "
-                     f"math-verify {theirs}, expected {expected}")
-    emit({"bench": "grader", "case": "math-verify agreement", "pairs": total, "agreement": round(agree / total, 4),
-          "disagreements": total - agree,
-          **{f"math_verify_{key}": value for key, value in latency_ms(seconds).items()}})
+            scores[name] = pool.score(pairs)
+            scores[name + " seconds"] = time.perf_counter() - start
+    by_kind = {}
+    for (kind, response, reference, expected), ours, theirs in zip(cases, scores["ours"], scores["math-verify"]):
+        row = by_kind.setdefault(kind, {"pairs": 0, "agree": 0, "ours_right": 0, "math_verify_right": 0,
+                                        "ours_false_positives": 0, "math_verify_false_positives": 0})
+        row["pairs"] += 1
+        row["agree"] += ours == theirs
+        row["ours_right"] += ours == expected
+        row["math_verify_right"] += theirs == expected
+        row["ours_false_positives"] += ours == 1.0 and not expected
+        row["math_verify_false_positives"] += theirs == 1.0 and not expected
+        if ours != theirs:
+            note(f"disagreement [{kind}] reference {reference!r}, expected {expected}, ours {ours}, "
+                 f"math-verify {theirs}: ...{response[-160:]!r}")
+    for kind, row in by_kind.items():
+        emit({"bench": "grader", "case": f"corpus: {kind}", **row})
+    totals = {key: sum(row[key] for row in by_kind.values()) for key in next(iter(by_kind.values()))}
+    emit({"bench": "grader", "case": "corpus: all (agreement with math-verify)", **totals,
+          "agreement": round(totals["agree"] / totals["pairs"], 4),
+          "ours_accuracy": round(totals["ours_right"] / totals["pairs"], 4),
+          "math_verify_accuracy": round(totals["math_verify_right"] / totals["pairs"], 4),
+          "ours_pairs_per_s": round(len(pairs) / scores["ours seconds"], 1),
+          "math_verify_pairs_per_s": round(len(pairs) / scores["math-verify seconds"], 1),
+          "sets": sorted({problem["set"] for problem in problems}), "workers": workers})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -621,6 +794,10 @@ def main() -> None:
     grader.add_argument("--seed", type=int, default=0)
     grader.add_argument("--no-math-verify", dest="math_verify", action="store_false",
                         help="skip the agreement check even when math-verify is installed")
+    grader.add_argument("--corpus-every", type=int, default=5,
+                        help="format corpus: every N-th reference also goes inside long responses")
+    grader.add_argument("--corpus-response-chars", type=int, default=3000,
+                        help="format corpus: length of the <think> part of each long response")
     grader.set_defaults(run=bench_grader)
 
     rollout = benchmarks.add_parser("rollout", help="sampler: ours vs transformers' generate, neighbor mixing vs none")

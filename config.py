@@ -67,6 +67,14 @@ class Config:
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
+    # --- reward (README "Rewards")
+    grader: str = option("ours", "answer checker: ours = exact, sympy-based (grader.py); math-verify = the "
+                         "released code's (pip install math-verify)", ("ours", "math-verify"))
+    reward: str = option("", "your own reward f(response, reference) -> float, as module:function or "
+                         "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = the grader)")
+    require_boxed: bool = option(False, "only \\boxed answers count (a format-strict reward); by default a "
+                                 "final answer stated without a box counts too")
+
     # --- the GRPO / PPO update
     loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio exp(mean(logp - old_logp))",
                        ("grpo", "gspo"))
@@ -301,6 +309,7 @@ def preset(name: str) -> Config:
 
 # First field of each section of --help -> the section's title.
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts", "explore": "exploration (README.md, 'The algorithm')",
+            "grader": "reward",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
             "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
 

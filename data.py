@@ -247,7 +247,7 @@ def normalise_record(record, where: str, *, default_id: str) -> dict:
     if not answer and isinstance(record.get("solution"), str):
         from reward import extract_answer
 
-        answer = (extract_answer(record["solution"]) or "").strip()
+        answer = (extract_answer(record["solution"], require_boxed=True) or "").strip()
     if not answer:
         raise DataError(f"{where}: no usable answer (no non-empty 'answer' field and no \\boxed{{}} in 'solution')")
     for name, text in (("problem", problem), ("answer", answer)):

@@ -109,10 +109,11 @@ def batch_seed(seed: int, benchmark: str, batch_index: int) -> int:
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
-             score_fn=None, progress: bool = True) -> dict:
+             score_fn=None, progress: bool = True, scored_by: dict | None = None) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed) -> texts` in
     batches sorted by prompt length, scores them with `score_fn(pairs, kind) -> [0/1]`, writes
-    samples.jsonl and results.json under out_dir and returns the results."""
+    samples.jsonl and results.json (with `scored_by`, the grader settings, when given) under out_dir and
+    returns the results."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -163,7 +164,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     if math_sets:
         results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
                               for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    record = {**results, "scored_by": scored_by} if scored_by else results
+    (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     return results
 
 
@@ -194,12 +196,14 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
 # defaults of the paper's evaluation protocol where they differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "max_new_tokens", "temperature", "top_p", "top_k", "explore", "mix_rate",
                "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
-               "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device")
+               "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device",
+               "grader", "reward", "require_boxed")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
 RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "n", "max_new_tokens", "temperature", "top_p",
                    "top_k", "explore", "mix_rate", "num_neighbors", "mix_weights", "neighbor_space",
-                   "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "seed")
+                   "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "seed",
+                   "grader", "reward", "require_boxed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,6 +274,7 @@ def main(argv=None) -> dict:
     out_dir = Path(cfg.out_dir)
     try:
         device = resolve_device(cfg.device)
+        pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
         settings = settings_of(args, cfg)
         claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
         benchmarks = load_benchmarks(args.benchmarks, args.limit, flag="--benchmarks")
@@ -297,9 +302,11 @@ def main(argv=None) -> dict:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
-    with reward.RewardPool() as pool:
-        results = evaluate(prompted, sampler_fn(model, tokenizer, sampling, exploration, table), n=args.n, out_dir=out_dir, batch_size=batch_size,
-                           seed=cfg.seed, resume=cfg.resume, score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+    scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed}
+    with pool:
+        results = evaluate(prompted, sampler_fn(model, tokenizer, sampling, exploration, table), n=args.n,
+                           out_dir=out_dir, batch_size=batch_size, seed=cfg.seed, resume=cfg.resume,
+                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind), scored_by=scored_by)
     print(format_table(results))
     print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
     return results

@@ -302,7 +302,8 @@ def validate(r: Run, step: int) -> dict:
     results = evaluation.evaluate(r.val_sets, evaluation.sampler_fn(r.sampler, r.tokenizer, sampling, Exploration()),
                                   n=cfg.val_n, out_dir=r.out_dir / "val" / f"step-{step}", batch_size=batch_size,
                                   seed=cfg.seed, score_fn=lambda pairs, kind: r.pool.score(pairs, kind=kind),
-                                  progress=False)
+                                  progress=False, scored_by={"grader": cfg.grader, "reward": cfg.reward,
+                                                             "require_boxed": cfg.require_boxed})
     return {f"val/{name}/{key}": value for name, row in results.items() for key, value in row.items()
             if key.startswith(("mean@", "pass@"))}
 
@@ -507,6 +508,10 @@ def setup(cfg: Config, out_dir: Path) -> Run:
     if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
         shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's checkpoints
     try:
+        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
+    except ValueError as error:  # --grader math-verify without the package, a --reward that does not load
+        raise RunError(str(error)) from None
+    try:
         tracker = Tracker(cfg.report_to, out_dir, config=asdict(cfg))  # checks the optional packages first
     except (ImportError, ValueError) as error:
         raise RunError(f"--report-to {cfg.report_to}: {error}") from None
@@ -519,7 +524,7 @@ def setup(cfg: Config, out_dir: Path) -> Run:
                                   weight_decay=cfg.weight_decay)
     return Run(cfg, out_dir, device, tokenizer, policy, policy, optimizer, problems, held_out,
                PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed),
-               torch.Generator(device).manual_seed(cfg.seed), RewardPool(), sampling, exploration,
+               torch.Generator(device).manual_seed(cfg.seed), pool, sampling, exploration,
                val_sets=val_sets, tracker=tracker, summary={"prompts": len(problems), "prompts_dropped": dropped})
 
 

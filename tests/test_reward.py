@@ -34,7 +34,8 @@ EQUIVALENCE = {
         ("0.\\overline{3}", "\\frac{1}{3}", True),
         ("0.1\\overline{6}", "\\frac16", True),
         ("0.33", "\\frac{1}{3}", False),
-        ("0.333333", "1/3", False),
+        ("0.333333", "1/3", True),  # six places: the exact value written out
+        ("0.33333", "1/3", False),
         ("4.51", "4.5", False),
     ],
     "mixed number": [
@@ -130,7 +131,9 @@ EQUIVALENCE = {
         ("\\frac{20000}{\\pi}", "20000/\\pi", True),
         ("\\frac{\\pi}{2}", "\\frac{1}{2}\\pi", True),
         ("2\\pi r", "2r\\pi", True),
-        ("\\pi", "3.14159", False),
+        ("\\pi", "3.14159", True),  # the reference states 5 decimals; pi rounds to them
+        ("\\frac{22}{7}", "3.14159", False),
+        ("\\pi", "3.15", False),
         ("7\\pi", "22", False),
         ("-\\frac{\\pi}{6}", "\\frac{\\pi}{6}", False),
     ],
@@ -313,11 +316,17 @@ def test_is_equiv(prediction, reference, expected):
     ("hence $\\boxed 5$.", "5"),
     ("\\boxed{\\boxed{3}}", "\\boxed{3}"),
     ("\\boxed{}", ""),
-    ("no box here, the answer is 5", None),
+    ("no box here, the answer is 5", "5"),
+    ("no box here and no statement", None),
     ("\\boxed{1} and at the end an unclosed \\boxed{2", "1"),
 ])
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+def test_extract_answer_require_boxed_ignores_statements():
+    assert extract_answer("no box here, the answer is 5", require_boxed=True) is None
+    assert extract_answer("the answer is 5. \\boxed{6}", require_boxed=True) == "6"
 
 
 def test_extract_answer_is_linear_on_megabyte_inputs():

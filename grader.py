@@ -1,0 +1,1120 @@
+"""The answer checker: whether two final answers are the same, decided exactly. Pure functions, no
+processes and no I/O (reward.py runs them in time-bounded workers).
+
+Two stages:
+- normalize() turns an answer into a canonical string (spacing, \\left/\\right, \\dfrac, \\text{},
+  currency, thousands separators, percent spellings); fast_verdict() decides most pairs from those strings
+  without sympy (identical text, plain numbers as exact fractions, words, multiple-choice letters);
+- what is left is parsed from LaTeX straight into sympy objects by a small recursive-descent parser of our
+  own (no eval, no ANTLR) and compared exactly by answers_equal(): no floating tolerance, except for a
+  reference written as a rounded decimal (see README, "Rewards", for every policy).
+
+equivalent() is the whole check; it never raises, but it may take unbounded time on hostile input.
+
+>>> equivalent("2\\\\frac{1}{2}", "5/2"), equivalent("0.33", "\\\\frac13")
+(True, False)
+"""
+
+import functools
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import accumulate
+
+import sympy
+
+MAX_ANSWER_CHARS = 1000  # a longer "answer" only equals an identical reference: no real answer is this long
+MAX_LITERAL_DIGITS = 400
+MAX_SCI_EXPONENT = 400  # 3.2e5 yes, 1e999999999 no
+MAX_POWER_BITS = 100_000  # refuse exact integers beyond ~30,000 digits (9^{9^{9^9}} would never finish)
+MAX_EXPONENT = 100_000  # for any base but a bare symbol: x^{10^{100}} is fine, (2x)^{10^{100}} is not
+MAX_FACTORIAL = 10_000
+MAX_NESTING = 60  # deeper input is garbage; the limit keeps the parser far from Python's recursion limit
+
+# ----------------------------------------------------------------------------------------------------
+# Brackets: the one scanner (boxes, \text{} blocks and the parser's top-level splits all use it)
+
+_BRACE_SPLIT = re.compile(r"(\\(?:boxed|fbox)(?![a-zA-Z])|\\[{}\\]|[{}])")  # the group keeps the tokens
+_SPACES = re.compile(r"[ \t]*")
+_UNBRACED_BOX = re.compile(r"[^$\n]{0,200}")
+
+
+def bracket_pairs(tokens: list[str], openers: set[str], closers: set[str]) -> dict[int, int]:
+    """Index of each opening token -> index of the token that closes it, in one pass. Any closer closes the
+    innermost open bracket (so the half-open interval (3,4] is one pair); unclosed openers are left out.
+
+    >>> bracket_pairs(list("(a[b]c)("), {"(", "["}, {")", "]"})
+    {2: 4, 0: 6}
+    """
+    pairs, open_indices = {}, []
+    for index, token in enumerate(tokens):
+        if token in openers:
+            open_indices.append(index)
+        elif token in closers and open_indices:
+            pairs[open_indices.pop()] = index
+    return pairs
+
+
+def _brace_tokens(text: str, start: int) -> tuple[list[str], list[int]]:
+    """The brace-level tokens of text[start:] and where each starts (split + accumulate run in C: a
+    megabyte of braces takes well under a second)."""
+    parts = _BRACE_SPLIT.split(text[start:] if start else text)
+    offsets = list(accumulate(map(len, parts), initial=start))  # offsets[k]: where parts[k] starts
+    return parts[1::2], offsets[1::2]
+
+
+def box_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every complete \\boxed{...} / \\fbox{...} (and "\\boxed x"), outermost only,
+    in order; linear time.
+
+    >>> box_spans("a \\\\boxed{x^{2}} b \\\\fbox{3} \\\\boxed{")
+    [(2, 15, 'x^{2}'), (18, 26, '3')]
+    """
+    first_box = min((i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0), default=-1)
+    if first_box < 0:
+        return []
+    tokens, starts = _brace_tokens(text, first_box)
+    pairs = bracket_pairs(tokens, {"{"}, {"}"})
+    spans = []
+    for index in [i for i, token in enumerate(tokens) if token in ("\\boxed", "\\fbox")]:
+        start, brace = starts[index], index + 1
+        if spans and start < spans[-1][1]:
+            continue  # a box inside a box is not an answer of its own
+        command_end = start + len(tokens[index])
+        if brace == len(tokens) or starts[brace] != command_end:  # "\boxed {x}" or "\boxed x"
+            command_end = _SPACES.match(text, command_end).end()
+        if brace < len(tokens) and starts[brace] == command_end and tokens[brace] == "{":
+            if brace in pairs:
+                spans.append((start, starts[pairs[brace]] + 1, text[command_end + 1:starts[pairs[brace]]]))
+        elif command_end > start + len(tokens[index]):  # "\boxed 5": models mean the rest of the formula
+            content = _UNBRACED_BOX.match(text, command_end).group()
+            if content.strip():
+                spans.append((start, command_end + len(content), content.strip()))
+    return spans
+
+
+def matching_brace(text: str, open_index: int) -> int:
+    """Index of the } that closes the { at open_index, or -1."""
+    tokens, starts = _brace_tokens(text, open_index)
+    pairs = bracket_pairs(tokens, {"{"}, {"}"})
+    return starts[pairs[0]] if 0 in pairs else -1
+
+
+
+# ----------------------------------------------------------------------------------------------------
+# Normalisation (cheap, runs in the caller): an answer -> canonical text, unit and percent flag
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer in canonical form: equal `text` means equal answers, and the parser reads `text`."""
+    text: str
+    unit: str = ""  # canonical unit ("cm", "cm^2", "degree"); "" for none (a bare number)
+    percent: bool = False
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_THOUSANDS_MARK = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,|,\\,|,\\ |\\ |[\u00a0\u2009\u202f\u2007'])\s*"
+                             r"(?=\d{3}(?!\d))")
+_SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000 000, when it is the whole answer
+# \\\\frac from a doubly escaped string is \\frac: a row break never comes right before a letter
+_DOUBLED_BACKSLASH = re.compile(r"(?<!\\)\\\\(?=[a-zA-Z])")
+_LIST_WORD = re.compile(r"(?<=[)\]}\d])\s*\b(?:or|and)\b\s*(?=[-(\[\\\d])")  # (11,7) or (7,11)
+_SPACING = re.compile(r"\\\\|\\(?:left|right)\.|\\(?:left|right|[bB]igg?[lr]?|displaystyle|textstyle|quad"
+                      r"|qquad)(?![a-zA-Z])|\\[,;:! ]|~")
+_TEXT_BLOCK = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textsf|mbox|mathrm|mathbf|mathit|mathsf"
+                         r"|operatorname)\s*\{")
+_UNIT_TEXT = re.compile(r"[A-Za-z][A-Za-z .\-/]*")
+_UNIT_POWER = re.compile(r"\s*(?:\^\s*(?:\{\s*\d\s*\}|\d)|[²³])")
+# One pass for the many one-for-one spellings: a command (not followed by a letter) or a symbol -> ours.
+_SPELLINGS = {
+    "\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom",
+    "\\tbinom": "\\binom",
+    "\\le": "\\leq", "\\leqslant": "\\leq", "\\ge": "\\geq", "\\geqslant": "\\geq", "\\ne": "\\neq",
+    "\\lt": "<", "\\gt": ">", "\\lbrace": "\\{", "\\rbrace": "\\}", "\\vert": "|", "\\lvert": "|",
+    "\\rvert": "|", ">=": "\\geq ", "<=": "\\leq ", "!=": "\\neq ", "≤": "\\leq ", "≥": "\\geq ",
+    "≠": "\\neq ", "−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "⋅": "\\cdot ",
+    "÷": "\\div ",
+    "π": "\\pi ", "∞": "\\infty ", "√": "\\sqrt ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
+    "∅": "\\emptyset ", "\\%": "%",
+}
+_SPELLING = re.compile("|".join(
+    re.escape(key) + ("(?![a-zA-Z])" if key[0] == "\\" and key[-1].isalpha() else "")
+    for key in sorted(_SPELLINGS, key=len, reverse=True)))
+_REWRITES = [(re.compile(pattern), replacement) for pattern, replacement in [
+    (r"\\(?:mathrm|mathit)\{d\}", "d"),
+    (r"\\begin\{array\}\{[^{}]*\}", r"\\begin{matrix}"), (r"\\end\{array\}", r"\\end{matrix}"),
+    (r"(?<=\d)\s*(?:x|\\times|\\cdot|\*)\s*10\s*\^", r"\\times10^"),  # 3.2 x 10^5
+    (r"(?<![a-zA-Z])(?:per\s?cent(?:age)?|pct)\b", "%"),
+    (r"\\\$|\$|\bdollars?\b|\bUSD\b|US\$|[€£¥]|\\euro\b|\\pounds\b", ""),
+    (r"^[a-zA-Z]\s*\\in(?![a-zA-Z])", ""),
+]]
+# A degree mark at the very end is the answer's unit; elsewhere ((1, 30°) in polar form) it is dropped.
+_DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°"
+                     r"|\^?\\degree(?![a-zA-Z])")
+# Spaces go, except where they separate tokens: "\pi r" is not "\pir", "\log_2 8" is not "\log_28".
+_PROTECTED_SPACE = re.compile(r"(\\[a-zA-Z]+|[_^]\d)\s+(?=[a-zA-Z\d])")
+_SHORT_ARGS = [(re.compile(pattern), replacement) for pattern, replacement in [
+    (r"\\frac(\d)(\d)", r"\\frac{\1}{\2}"),  # TeX reads one character: \frac12 is 1/2
+    (r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}"),
+    (r"\\frac(\d)\{", r"\\frac{\1}{"),
+    (r"\\sqrt(\d)", r"\\sqrt{\1}"),
+]]
+_GROUPED_NUMBER = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # 0,111 is a decimal comma
+_BASE_SUBSCRIPT = re.compile(r"(\d+)_\{?(\d+)\}?")
+
+# Units: canonical name -> spellings (plurals are found by dropping a final "s" / "es").
+_UNIT_SPELLINGS = {
+    "mm": "mm millimeter millimetre", "cm": "cm centimeter centimetre", "m": "m meter metre",
+    "km": "km kilometer kilometre", "in": "in inch", "ft": "ft foot feet", "yd": "yd yard", "mi": "mi mile",
+    "mph": "mph", "km/h": "km/h kph kmh", "m/s": "m/s", "s": "s sec second", "min": "min minute",
+    "h": "h hr hour", "day": "day", "week": "wk week", "month": "month", "year": "yr year",
+    "mg": "mg milligram",
+    "g": "g gram", "kg": "kg kilogram", "lb": "lb pound", "oz": "oz ounce", "l": "l liter litre",
+    "ml": "ml milliliter millilitre", "gal": "gal gallon", "cent": "cent", "degree": "degree deg",
+    "radian": "rad radian", "%": "%",
+}
+_UNIT_NAMES = {spelling: name for name, spellings in _UNIT_SPELLINGS.items()
+               for spelling in spellings.split()}
+_GENERIC_UNITS = {"unit", "dollar", "usd"}  # say nothing about the answer: no unit
+_TRAILING_UNIT = re.compile(
+    r"(?<=[\d}).\s])\s*((?:(?:sq(?:uare)?|cubic)\.?\s+)?(?:units?|mm|cm|km|m|meters?|metres?"
+    r"|centimet(?:er|re)s?|millimet(?:er|re)s?|kilomet(?:er|re)s?|inch(?:es)?|in|feet|foot|ft|yards?|yd"
+    r"|miles?|mi|mph|km/h|m/s"
+    r"|seconds?|sec|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|yrs?|cents?|degrees?|radians?"
+    r"|rad|mg|kg|g|grams?|kilograms?|pounds?|lbs?|ounces?|oz|liters?|litres?|l|ml|gallons?|gal))\.?"
+    r"((?:\s*\^\s*(?:\{\s*\d\s*\}|\d))|[²³])?\s*$", re.I)
+# "12 apples", "7 people": a plain word after a plain number names what is counted (a unit of its own)
+_TRAILING_NOUN = re.compile(r"(?<=\d)\s+([a-zA-Z]{3,}(?:\s+[a-zA-Z]{3,})?)()$")
+_SPELLED_POWER = re.compile(r"^(?:(sq(?:uare)?)|(cubic))\.?\s+", re.I)
+
+
+def _canonical_unit(words: str, power: str = "") -> str:
+    """'square centimeters' -> 'cm^2', 'Meters' -> 'm', 'degrees' -> 'degree'; unknown words stay as words."""
+    words = words.strip().strip(".").lower()
+    spelled = _SPELLED_POWER.match(words)
+    exponent = re.sub(r"\D", "", power.replace("²", "2").replace("³", "3"))
+    if spelled:
+        words, exponent = words[spelled.end():], "2" if spelled.group(1) else "3"
+    name = _UNIT_NAMES.get(words) or _UNIT_NAMES.get(words[:-1] if words.endswith("s") else words) \
+        or _UNIT_NAMES.get(words[:-2] if words.endswith("es") else words) or words.rstrip("s")
+    if name in _GENERIC_UNITS:
+        return ""
+    return f"{name}^{exponent}" if exponent and exponent != "1" else name
+
+
+_SHORT_UNITS = {"m", "s", "h", "l", "g", "in", "mi"}  # also names of variables: a unit only after "5 "
+
+
+def _is_unit_after_value(text: str, trailing: re.Match) -> bool:
+    """Whether a trailing unit word follows a value (5 cm, 12 m) rather than ends a formula (n - m, 5m)."""
+    before = text[:trailing.start()]
+    if not re.search(r"[\d})]\s*$", before):
+        return False
+    if trailing.re is _TRAILING_NOUN and not _PLAIN_NUMBER.fullmatch(before.strip()):
+        return False  # "2x + 3 ways"? only a bare number counts things
+    return trailing.group(1).lower() not in _SHORT_UNITS or trailing.group(0)[:1].isspace()
+
+
+def unwrap(text: str) -> str:
+    """Strip math delimiters and a box around the whole answer: "$\\boxed{5}$" -> "5"."""
+    while True:
+        text = text.strip()
+        for opener, closer in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+            if len(text) >= len(opener) + len(closer) and text.startswith(opener) and text.endswith(closer):
+                text = text[len(opener):len(text) - len(closer)]
+                break
+        else:
+            spans = box_spans(text)
+            if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(text):
+                text = spans[0][2]
+            else:
+                return text
+
+
+def _rewrite_text_blocks(text: str) -> tuple[str, str]:
+    """\\text{...} and friends: "and"/"or" separate list items, a trailing one after a value is a unit
+    (removed and returned), otherwise the words themselves. Returns (text, unit)."""
+    position, unit = 0, ""
+    while match := _TEXT_BLOCK.search(text, position):
+        close = matching_brace(text, match.end() - 1)
+        if close < 0:
+            break
+        command, content = match.group(1), text[match.end():close].strip()
+        end = close + 1
+        unit_power = _UNIT_POWER.match(text, end)
+        after_unit = unit_power.end() if unit_power else end
+        is_unit = (not text[after_unit:].strip(" .") and text[:match.start()].strip()
+                   and _UNIT_TEXT.fullmatch(content) and (not command.startswith("math") or len(content) > 1
+                                                          or content.lower() in _UNIT_NAMES))
+        if command == "operatorname":
+            replacement = "\\" + content
+        elif content.lower() in ("and", "or", ",", "and/or"):
+            replacement = ","
+        elif content.lower() in ("%", "\\%", "percent"):
+            replacement = "%"
+        elif is_unit:
+            replacement, end = "", after_unit
+            unit = _canonical_unit(content, unit_power.group() if unit_power else "")
+        else:
+            replacement = f" {content} "
+        text = text[:match.start()] + replacement + text[end:]
+        position = match.start() + len(replacement)
+    return text, unit
+
+
+@functools.lru_cache(maxsize=8192)  # a reference is normalised once per group of responses, not G times
+def normalize(answer: str) -> Answer:
+    """The canonical form of an answer (a plain number is its own).
+
+    >>> normalize("\\\\$1{,}234.50 \\\\text{ dollars}")
+    Answer(text='1234.50', unit='', percent=False)
+    >>> normalize("\\\\left( \\\\dfrac12, 30^\\\\circ \\\\right)")
+    Answer(text='(\\\\frac{1}{2},30)', unit='', percent=False)
+    >>> normalize("15 \\\\text{ cm}^2"), normalize("12.5 \\\\%").percent
+    (Answer(text='15', unit='cm^2', percent=False), True)
+    """
+    if _PLAIN_NUMBER.fullmatch(answer):
+        return Answer(answer)
+    text = unwrap(_DOUBLED_BACKSLASH.sub(r"\\", _CONTROL.sub("", answer)))
+    if text.startswith("{") and matching_brace(text, 0) == len(text) - 1:
+        text = text[1:-1]  # {1,2,3}: a TeX group around a list, not a set (that is \\{...\\})
+    text = _THOUSANDS_MARK.sub("", text)
+    if _SPACE_GROUPED.fullmatch(text.strip()):
+        text = text.replace(" ", "")
+    text = _SPACING.sub(lambda match: "\\\\" if match.group() == "\\\\" else " ", text)  # keep \\ rows
+    text, unit = _rewrite_text_blocks(text)
+    text = _SPELLING.sub(lambda match: _SPELLINGS[match.group()], text)
+    for pattern, replacement in _REWRITES:
+        text = pattern.sub(replacement, text)
+    text = _LIST_WORD.sub(",", text).strip().rstrip(".").strip()
+    trailing = _TRAILING_UNIT.search(text) or _TRAILING_NOUN.search(text)
+    if trailing and not unit and _is_unit_after_value(text, trailing):
+        unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
+        text = text[:trailing.start()]
+    degree_at_end = re.search(f"(?:{_DEGREE.pattern})\\s*$", text)
+    if degree_at_end and not unit and text[:degree_at_end.start()].strip():
+        unit = "degree"
+    text = _DEGREE.sub("", text).strip().rstrip(".").strip()
+    percent = text.endswith("%")
+    text = text.rstrip("%").strip()
+    if _GROUPED_NUMBER.fullmatch(text):  # before spaces go: "1, 234" is a list
+        text = text.replace(",", "")
+    text = _PROTECTED_SPACE.sub("\\1\x00", text)
+    text = re.sub(r"\s+", "", text).replace("\x00", " ")
+    for pattern, replacement in _SHORT_ARGS:
+        text = pattern.sub(replacement, text)
+    return Answer(_BASE_SUBSCRIPT.sub(r"\1_\2", text).lstrip("="), unit, percent)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fast verdicts (no sympy; they decide most pairs of a training batch)
+
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?")
+_DECIMAL = re.compile(r"[+-]?\d*\.(\d+)")
+_DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")  # 1,000 never gets here: normalize() read it as 1000
+_PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
+                             r"|\(?([+-]?\d+)\)?/\(?([+-]?\d+)\)?)")
+_SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
+_CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
+_LEADING_CHOICE = re.compile(r"\(?([A-Ea-e])\)?(?![A-Za-z])")
+_WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
+_FUNCTION_NAME = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi")
+
+
+def plain_number(text: str) -> Fraction | None:
+    """The exact value of a number written plainly: 12, -.5, 3.2e5, 3\\times10^{5}, -\\frac{1}{2}, 1/-2."""
+    if _PLAIN_NUMBER.fullmatch(text):
+        return Fraction(text)
+    scientific = _SCIENTIFIC.fullmatch(text)
+    if scientific:
+        return Fraction(scientific.group(1)) * Fraction(10) ** int(scientific.group(2) or scientific.group(3))
+    fraction = _PLAIN_FRACTION.fullmatch(text)
+    if fraction:
+        sign, numerator, denominator = fraction.group(1), fraction.group(2) or fraction.group(4), \
+            fraction.group(3) or fraction.group(5)
+        if int(denominator) != 0:
+            return Fraction(int(numerator), int(denominator)) * (-1 if sign == "-" else 1)
+    return None
+
+
+def _read_decimal_commas(pred: str, ref: str) -> tuple[str, str]:
+    """2,74 against 2.74 or 137/50: a comma between digits is a decimal comma when the other side is one
+    plain number (a list "2, 74" has a space; 1,000 was already read as one thousand)."""
+    if _DECIMAL_COMMA.fullmatch(pred) and plain_number(ref) is not None:
+        return pred.replace(",", "."), ref
+    if _DECIMAL_COMMA.fullmatch(ref) and plain_number(pred) is not None:
+        return pred, ref.replace(",", ".")
+    return pred, ref
+
+
+def terminates(value: Fraction) -> bool:
+    """Whether value has a finite decimal expansion (its denominator has no prime but 2 and 5)."""
+    denominator = value.denominator
+    for prime in (2, 5):
+        while denominator % prime == 0:
+            denominator //= prime
+    return denominator == 1
+
+
+def round_half_away(value, places: int) -> Fraction:
+    """value rounded to `places` decimals, halves away from zero (how references round)."""
+    scaled = abs(Fraction(value)) * 10 ** places
+    rounded = Fraction(int(scaled + Fraction(1, 2)), 10 ** places)
+    return rounded if value >= 0 else -rounded
+
+
+def stated_places(reference: str) -> int | None:
+    """Decimal places of a reference written as a decimal (0.33 -> 2): the precision it states."""
+    decimal = _DECIMAL.fullmatch(reference)
+    return len(decimal.group(1)) if decimal else None
+
+
+MIN_PLACES_WRITTEN_OUT = 6  # a decimal prediction with this many places is an exact value written out
+
+
+def decimal_matches(decimal: str, exact_value, truncation_too: bool = False) -> bool:
+    """Whether `decimal` is exact_value (a Fraction or a sympy number) rounded, halves away from zero, to
+    the decimal's places (or, with truncation_too, cut there)."""
+    places = stated_places(decimal)
+    if places is None:
+        return False
+    if not isinstance(exact_value, Fraction):
+        exact_value = Fraction(str(sympy.N(exact_value, places + 30)))
+    written = Fraction(decimal)
+    cut = Fraction(int(abs(exact_value) * 10 ** places), 10 ** places) * (1 if exact_value >= 0 else -1)
+    return round_half_away(exact_value, places) == written or (truncation_too and cut == written)
+
+
+def _precision_matches(pred: str, pred_value, ref: str, ref_value) -> bool:
+    """The two precision rules: a reference written as a decimal states its precision (an exact
+    prediction such as 1/3, \\sqrt{2}, \\pi matches when it rounds to the reference); a decimal prediction
+    with at least MIN_PLACES_WRITTEN_OUT places matches the exact reference it rounds or cuts."""
+    def exact(text, value):
+        terminating = isinstance(value, Fraction) and terminates(value)
+        return not _DECIMAL.fullmatch(text) and not terminating
+    if _DECIMAL.fullmatch(ref) and exact(pred, pred_value):
+        return decimal_matches(ref, pred_value)
+    places = stated_places(pred)
+    if places is not None and places >= MIN_PLACES_WRITTEN_OUT and exact(ref, ref_value):
+        return decimal_matches(pred, ref_value, truncation_too=True)
+    return False
+
+
+def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: Fraction) -> bool:
+    """Percent policy and stated precision on two exact numbers (see README, "Rewards")."""
+    if pred.percent == ref.percent:
+        pred_values, ref_values = [pred_value], [ref_value]
+    else:  # the side with a % may be meant with or without it, or as its fraction of 1
+        pred_values = [pred_value, pred_value / 100] if pred.percent else [pred_value]
+        ref_values = [ref_value, ref_value / 100] if ref.percent else [ref_value]
+    if any(p == r for p in pred_values for r in ref_values):
+        return True
+    return _precision_matches(pred.text, pred_value, ref.text, ref_value)
+
+
+def fast_verdict(prediction: str, reference: str) -> bool | None:
+    """True / False when cheap exact rules decide; None when sympy must."""
+    if len(prediction) > MAX_ANSWER_CHARS or len(reference) > MAX_ANSWER_CHARS:
+        return prediction.strip() == reference.strip()
+    pred, ref = normalize(prediction), normalize(reference)
+    if not pred.text:
+        return False
+    if pred.unit and ref.unit and pred.unit != ref.unit:
+        return False  # 5 cm is not 5 m; a unit on one side only is the question's, not the answer's
+    if pred.text == ref.text:
+        return True
+    pred_base, ref_base = _BASE_SUBSCRIPT.fullmatch(pred.text), _BASE_SUBSCRIPT.fullmatch(ref.text)
+    if pred_base and ref_base:  # numbers written in a base: digits and base must both agree
+        return [int(n) for n in pred_base.groups()] == [int(n) for n in ref_base.groups()]
+    pred_text = pred_base[1] if pred_base else pred.text  # 52_8 matches 52
+    ref_text = ref_base[1] if ref_base else ref.text
+    choice = _CHOICE.fullmatch(ref_text)
+    if choice:
+        leading = _LEADING_CHOICE.match(pred_text)
+        return bool(leading) and leading.group(1).upper() == (choice.group(1) or choice.group(2)).upper()
+    if _is_words(ref_text) or _is_words(pred_text):
+        return pred_text.lower() == ref_text.lower()
+    pred_text, ref_text = _read_decimal_commas(pred_text, ref_text)
+    pred_value, ref_value = plain_number(pred_text), plain_number(ref_text)
+    if pred_value is None or ref_value is None:
+        return None
+    return _numbers_agree(Answer(pred_text, pred.unit, pred.percent), pred_value,
+                          Answer(ref_text, ref.unit, ref.percent), ref_value)
+
+
+def _is_words(text: str) -> bool:
+    """A word answer (\\text{Thursday}, east, Evelyn), as opposed to a formula in single-letter names."""
+    return bool(_WORDS.fullmatch(text) and re.search(r"[A-Za-z]{3,}", text) and not _FUNCTION_NAME.match(text))
+
+
+# ----------------------------------------------------------------------------------------------------
+# LaTeX -> sympy (runs only in worker processes)
+
+class _Reject(Exception):
+    """The text is not an answer we can read (or reading it would cost too much)."""
+
+
+_TOKEN = re.compile(r"""
+    (?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+(?![a-zA-Z]))?)
+  | (?P<environment>\\(?:begin|end)\{[a-zA-Z*]+\})
+  | (?P<command>\\[a-zA-Z]+|\\[^a-zA-Z])
+  | (?P<name>(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi)
+  | (?P<letter>[a-zA-Z])
+  | (?P<symbol>\S)
+""", re.X)
+_OPENERS = {"(", "[", "{", "\\{"}
+_CLOSERS = {")", "]", "}", "\\}"}
+_RELATIONS = {"=": "==", "<": "<", ">": ">", "\\leq": "<=", "\\geq": ">=", "\\neq": "!="}
+_CONSTANTS = {"\\pi": sympy.pi, "\\infty": sympy.oo, "\\emptyset": sympy.S.EmptySet,
+              "\\varnothing": sympy.S.EmptySet}
+_GREEK = {"\\" + name for name in (
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
+    "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega").split()}
+_FUNCTIONS = {
+    "\\sin": sympy.sin, "\\cos": sympy.cos, "\\tan": sympy.tan, "\\cot": sympy.cot, "\\sec": sympy.sec,
+    "\\csc": sympy.csc, "\\arcsin": sympy.asin, "\\arccos": sympy.acos, "\\arctan": sympy.atan,
+    "\\arccot": sympy.acot, "\\arcsec": sympy.asec, "\\arccsc": sympy.acsc, "\\sinh": sympy.sinh,
+    "\\cosh": sympy.cosh, "\\tanh": sympy.tanh, "\\coth": sympy.coth, "\\sech": sympy.sech,
+    "\\csch": sympy.csch, "\\exp": sympy.exp, "\\ln": sympy.log, "\\log": sympy.log, "\\gcd": sympy.gcd,
+    "\\lcm": sympy.lcm, "\\max": sympy.Max, "\\min": sympy.Min, "\\sqrt": sympy.sqrt,
+}
+_INVERSES = {"\\sin": sympy.asin, "\\cos": sympy.acos, "\\tan": sympy.atan, "\\cot": sympy.acot,
+             "\\sec": sympy.asec, "\\csc": sympy.acsc}
+UNKNOWN_LOG_BASE = sympy.Symbol("log_base", positive=True)
+_MULTIPLY = {"*", "\\cdot", "\\times", "\\ast"}
+_DIVIDE = {"/", "\\div", ":"}  # a ratio 7:32 is the number 7/32
+_SIGNS = {"+", "-", "\\pm", "\\mp"}
+_MATRICES = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix"}
+_BLACKBOARD = {"R": sympy.S.Reals, "Z": sympy.S.Integers, "N": sympy.S.Naturals0, "Q": sympy.S.Rationals,
+               "C": sympy.S.Complexes}
+
+
+def tokenize(text: str) -> list[str]:
+    """LaTeX tokens; a bare function name (sin, log) becomes its command.
+
+    >>> tokenize("2\\\\frac{x}{3}+sin y")
+    ['2', '\\\\frac', '{', 'x', '}', '{', '3', '}', '+', '\\\\sin', 'y']
+    """
+    return ["\\" + m.group() if m.lastgroup == "name" else m.group() for m in _TOKEN.finditer(text)]
+
+
+def _is_number(token: str) -> bool:
+    return token[:1].isdigit() or (token[:1] == "." and token[1:2].isdigit())
+
+
+def _bits(value: sympy.Rational) -> int:
+    return max(int(value.p).bit_length(), int(value.q).bit_length())
+
+
+def _power(base, exponent):
+    """base^exponent, refusing the exact numbers sympy would spend forever computing (9^{9^{9^9}})."""
+    if not (isinstance(base, sympy.Expr) and isinstance(exponent, sympy.Expr)):
+        raise _Reject("power of a non-number")
+    if exponent.is_Rational and base not in (0, 1, -1):
+        if base.is_Rational and abs(exponent.p) * _bits(base) > MAX_POWER_BITS:
+            raise _Reject("power too large")
+        if not base.is_Symbol and abs(exponent.p) > MAX_EXPONENT:  # (y/9)^n computes 9^n
+            raise _Reject("power too large")
+    return sympy.Pow(base, exponent)
+
+
+def _factorial(value):
+    if value.is_number and (not value.is_Integer or value > MAX_FACTORIAL):
+        raise _Reject("factorial too large")
+    return sympy.factorial(value)
+
+
+def _repeating_decimal(literal: str, repeating: str) -> sympy.Rational:
+    """0.1\\overline{6} -> 1/6."""
+    whole, fixed = literal.split(".")
+    without = int(whole + fixed or "0")
+    denominator = 10 ** len(fixed) * (10 ** len(repeating) - 1)
+    return sympy.Rational(int(whole + fixed + repeating) - without, denominator)
+
+
+class _Parser:
+    """Recursive descent from LaTeX tokens to sympy objects; `pm_sign` picks one reading of \\pm."""
+
+    def __init__(self, tokens: list[str], pm_sign: int = 1):
+        self.tokens = list(tokens)
+        self.position = 0
+        self.depth = 0
+        self.abs_depth = 0
+        self.pm_sign = pm_sign
+
+    def peek(self) -> str:
+        return self.tokens[self.position] if self.position < len(self.tokens) else ""
+
+    def upcoming(self, *pattern: str) -> list[str] | None:
+        """The next tokens if they fit the pattern ("#" stands for a run of digits), else None."""
+        tokens = self.tokens[self.position:self.position + len(pattern)]
+        fits = len(tokens) == len(pattern) and all(token.isdigit() if expected == "#" else token == expected
+                                                   for token, expected in zip(tokens, pattern))
+        return tokens if fits else None
+
+    def take(self) -> str:
+        token = self.peek()
+        if not token:
+            raise _Reject("unexpected end")
+        self.position += 1
+        return token
+
+    def expect(self, *options: str) -> str:
+        token = self.take()
+        if token not in options:
+            raise _Reject(f"expected {options}, got {token!r}")
+        return token
+
+    def parse(self):
+        value = self.relation()
+        if self.peek():
+            raise _Reject(f"unexpected {self.peek()!r}")
+        return value
+
+    def relation(self):
+        left = self.sum()
+        relations = []
+        while self.peek() in _RELATIONS:
+            operator = _RELATIONS[self.take()]
+            right = self.sum()
+            relations.append(sympy.Rel(left, right, operator, evaluate=False))
+            left = right
+        if len(relations) > 1:
+            return sympy.And(*relations)
+        return relations[0] if relations else left
+
+    def signed(self, sign: str, value):
+        if sign in ("\\pm", "\\mp"):
+            return value * (self.pm_sign if sign == "\\pm" else -self.pm_sign)
+        return -value if sign == "-" else value
+
+    def sum(self):
+        value = self.term()
+        while self.peek() in _SIGNS:
+            sign = self.take()
+            value = value + self.signed(sign, self.term())
+        return value
+
+    def term(self):
+        value = self.unary()
+        while True:
+            token = self.peek()
+            if token in _MULTIPLY:
+                self.take()
+                value = value * self.unary()
+            elif token in _DIVIDE:
+                self.take()
+                value = value / self.unary()
+            elif self.starts_factor(token):  # implicit multiplication: 2x, 3\sqrt{5}, (a+5)(b+2)
+                value = value * self.power()
+            else:
+                return value
+
+    def unary(self):
+        if self.peek() in _SIGNS:
+            sign = self.take()
+            return self.signed(sign, self.nested(self.unary))
+        return self.power()
+
+    def power(self):
+        value = self.postfix(self.atom())
+        if self.peek() == "^":
+            self.take()
+            value = self.postfix(_power(value, self.script()))
+        return value
+
+    def postfix(self, value):
+        while self.peek() in ("!", "%"):
+            value = _factorial(value) if self.take() == "!" else value / 100
+        return value
+
+    def nested(self, parse, *args):
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise _Reject("nested too deeply")
+        try:
+            return parse(*args)
+        finally:
+            self.depth -= 1
+
+    def starts_factor(self, token: str) -> bool:
+        if _is_number(token) or (len(token) == 1 and token.isalpha()) or token in ("(", "{"):
+            return True
+        if token == "|":
+            return self.abs_depth == 0
+        return token in _CONSTANTS or token in _GREEK or token in _FUNCTIONS or token.startswith("\\begin") \
+            or token in ("\\frac", "\\binom", "\\lfloor", "\\lceil", "\\mathbb")
+
+    def group(self, closer: str = "}"):
+        self.take()
+        value = self.nested(self.relation)
+        self.expect(closer)
+        return value
+
+    def script(self):
+        """The argument of ^ or _: a {group}, a signed script, or one token (a whole number: x^10)."""
+        token = self.peek()
+        if token == "{":
+            return self.group()
+        if token in ("-", "+"):
+            self.take()
+            return self.signed(token, self.script())
+        return self.nested(self.atom, True)
+
+    def argument(self):
+        """A macro argument: a {group} or one token (\\frac12 is 1/2)."""
+        token = self.peek()
+        if token == "{":
+            return self.group()
+        if token.isdigit() and len(token) > 1:
+            self.tokens[self.position] = token[1:]
+            return sympy.Integer(token[0])
+        return self.nested(self.atom, True)
+
+    def atom(self, single: bool = False):
+        token = self.take()
+        if _is_number(token):
+            return self.number(token, single)
+        if len(token) == 1 and token.isalpha():
+            return self.letter(token, single)
+        if token in ("(", "["):
+            self.position -= 1
+            return self.group(")" if token == "(" else "]")
+        if token == "{":
+            self.position -= 1
+            return self.group()
+        if token == "|":
+            self.abs_depth += 1
+            value = self.nested(self.relation)
+            self.abs_depth -= 1
+            self.expect("|")
+            return sympy.Abs(value)
+        return self.nested(self.command, token)
+
+    def number(self, literal: str, single: bool):
+        if len(literal) > MAX_LITERAL_DIGITS:
+            raise _Reject("number too long")
+        mantissa, _, exponent = literal.lower().partition("e")
+        if exponent and abs(int(exponent)) > MAX_SCI_EXPONENT:
+            raise _Reject("exponent too large")
+        value = sympy.Rational(Fraction(literal))
+        if single:
+            return value
+        if "." in literal and (overline := self.upcoming("\\overline", "{", "#", "}")):
+            self.position += 4
+            return _repeating_decimal(literal, overline[2])
+        if not literal.isdigit():
+            return value
+        if base := self.upcoming("_", "#") or self.upcoming("_", "{", "#", "}"):
+            self.position += len(base)  # 52_8: the digits are the answer, the base is the question's
+            return value
+        mixed = self.upcoming("\\frac", "{", "#", "}", "{", "#", "}")
+        if mixed and int(mixed[2]) < int(mixed[5]):
+            self.position += 7  # a mixed number: 2\frac{1}{2} is 5/2, not a product
+            return value + sympy.Rational(int(mixed[2]), int(mixed[5]))
+        return value
+
+    def letter(self, letter: str, single: bool):
+        if not single and self.peek() == "_":
+            self.take()
+            if self.peek() == "{":
+                start = self.position
+                self.group()
+                subscript = "".join(self.tokens[start + 1:self.position - 1])
+            else:
+                subscript = self.take()
+            return sympy.Symbol(f"{letter}_{subscript}")
+        return {"e": sympy.E, "i": sympy.I}.get(letter) or sympy.Symbol(letter)
+
+    def command(self, name: str):
+        if name in _CONSTANTS:
+            return _CONSTANTS[name]
+        if name in _GREEK:
+            return sympy.Symbol(name[1:])
+        if name == "\\frac":
+            return self.argument() / self.argument()
+        if name == "\\sqrt" and self.peek() == "[":
+            index = self.group("]")
+            return sympy.root(self.argument(), index)
+        if name == "\\sqrt":
+            return sympy.sqrt(self.argument())
+        if name == "\\binom":
+            top, bottom = self.argument(), self.argument()
+            if top.is_number and top > MAX_FACTORIAL:
+                raise _Reject("binomial too large")
+            return sympy.binomial(top, bottom)
+        if name in _FUNCTIONS:
+            return self.function(name)
+        if name in ("\\lfloor", "\\lceil"):
+            value = self.relation()
+            self.expect("\\rfloor" if name == "\\lfloor" else "\\rceil")
+            return sympy.floor(value) if name == "\\lfloor" else sympy.ceiling(value)
+        if name == "\\mathbb":
+            self.expect("{")
+            letter = self.take()
+            self.expect("}")
+            if letter not in _BLACKBOARD:
+                raise _Reject(f"unknown set {letter}")
+            return _BLACKBOARD[letter]
+        if name.startswith("\\begin{") and name[7:-1] in _MATRICES:
+            return self.matrix(name[7:-1])
+        raise _Reject(f"unsupported {name}")
+
+    def function(self, name: str):
+        base = None
+        if name == "\\log" and self.peek() == "_":
+            self.take()
+            base = self.script()
+        exponent = None
+        if self.peek() == "^":
+            self.take()
+            exponent = self.script()
+        if self.peek() == "(":
+            self.take()
+            arguments = [self.nested(self.relation)]
+            while self.peek() == ",":
+                self.take()
+                arguments.append(self.nested(self.relation))
+            self.expect(")")
+        else:  # \sin 2x is sin(2x); the argument stops at an operator or at the next function
+            argument = self.power()
+            while self.starts_factor(self.peek()) and self.peek() not in _FUNCTIONS:
+                argument = argument * self.power()
+            arguments = [argument]
+        if name in ("\\gcd", "\\lcm", "\\max", "\\min"):
+            value = _FUNCTIONS[name](*arguments)
+        elif len(arguments) != 1:
+            raise _Reject(f"{name} takes one argument")
+        elif base is not None:
+            value = sympy.log(arguments[0], base)
+        elif name == "\\log":  # no base written: equal only where equal in every base (see README)
+            value = sympy.log(arguments[0]) / sympy.log(UNKNOWN_LOG_BASE)
+        elif exponent == -1 and name in _INVERSES:
+            return _INVERSES[name](arguments[0])
+        else:
+            value = _FUNCTIONS[name](arguments[0])
+        return value if exponent is None else _power(value, exponent)
+
+    def matrix(self, environment: str):
+        rows = [[]]
+        end = f"\\end{{{environment}}}"
+        while True:
+            if self.peek() == end:
+                self.take()
+                break
+            rows[-1].append(self.nested(self.relation))
+            separator = self.expect("&", "\\\\", end)
+            if separator == "\\\\" and self.peek() != end:
+                rows.append([])
+            elif separator == end:
+                break
+        if len({len(row) for row in rows}) != 1 or not rows[0]:
+            raise _Reject("ragged matrix")
+        if not all(isinstance(entry, sympy.Expr) for row in rows for entry in row):
+            raise _Reject("matrix of non-numbers")
+        return sympy.ImmutableMatrix(rows)
+
+
+def _bracket_kind(token: str) -> str:
+    """Brackets of every kind as "(" or ")" for the scanner: (), [], {}, \\{\\}, \\begin...\\end."""
+    if token in _OPENERS or token.startswith("\\begin"):
+        return "("
+    if token in _CLOSERS or token.startswith("\\end"):
+        return ")"
+    return token
+
+
+def split_top(tokens: list[str], separators: set[str]) -> list[list[str]]:
+    """Split at separators outside any brackets; (3,4] counts as one bracket pair."""
+    pairs = bracket_pairs([_bracket_kind(token) for token in tokens], {"("}, {")"})
+    parts, current, index = [], [], 0
+    while index < len(tokens):
+        if tokens[index] in separators:
+            parts.append(current)
+            current = []
+        else:
+            end = pairs.get(index, index) + 1  # a bracketed group goes whole into the current part
+            current.extend(tokens[index:end])
+            index = end - 1
+        index += 1
+    parts.append(current)
+    return parts
+
+
+def _closes_at_end(tokens: list[str]) -> bool:
+    """Whether the bracket opened by the first token is closed by the last one."""
+    return bracket_pairs([_bracket_kind(token) for token in tokens], {"("}, {")"}).get(0) == len(tokens) - 1
+
+
+def _flatten(items: list) -> list:
+    """Splice the two readings of a \\pm item into the list around it."""
+    return [value for item in items for value in (item if isinstance(item, list) else [item])]
+
+
+def parse_answer(text: str):
+    """A normalised answer as sympy: an Expr, a relation, a Set (intervals), a Matrix, a tuple (ordered)
+    or a list (unordered: bare lists, \\{...\\} and the two values of a \\pm)."""
+    tokens = tokenize(text)
+    if not tokens:
+        raise _Reject("empty")
+    pieces = split_top(tokens, {"\\cup"})
+    if len(pieces) > 1:
+        return sympy.Union(*(_as_set(_parse_item(piece)) for piece in pieces))
+    items = split_top(tokens, {",", ";"})
+    if len(items) > 1:
+        return _flatten([_parse_item(item) for item in items])
+    return _parse_item(tokens)
+
+
+def _parse_item(tokens: list[str]):
+    if not tokens:
+        raise _Reject("empty item")
+    opener, closer = tokens[0], tokens[-1]
+    if opener == "\\{" and closer == "\\}" and _closes_at_end(tokens):
+        inner = tokens[1:-1]
+        if not inner:
+            return sympy.S.EmptySet
+        return _flatten([_parse_item(item) for item in split_top(inner, {",", ";"})])
+    if opener in ("(", "[") and closer in (")", "]") and _closes_at_end(tokens):
+        parts = split_top(tokens[1:-1], {","} if "," in tokens else {";"})  # (0;-2;6) is a triple
+        if len(parts) > 1:
+            values = [_parse_item(part) for part in parts]
+            infinite = any(value in (sympy.oo, -sympy.oo) for value in values)
+            if len(values) == 2 and (opener + closer != "()" or infinite):
+                if (values[0] > values[1]) is sympy.true:
+                    raise _Reject("an interval from a larger number to a smaller one")  # [15,-29) is no set
+                return sympy.Interval(values[0], values[1], opener == "(", closer == ")")
+            if opener + closer not in ("()", "[]"):
+                raise _Reject("half-open bracket around a tuple")
+            return tuple(values)
+        if opener + closer == "()":  # ((1, 2)) or (\{1, 2\}): the answer inside
+            return _parse_item(tokens[1:-1])
+    value = _Parser(tokens).parse()
+    if "\\pm" in tokens or "\\mp" in tokens:  # 1 \pm \sqrt{2}: both readings, as an unordered list
+        return [value, _Parser(tokens, pm_sign=-1).parse()]
+    return value
+
+
+def _is_set_like(value) -> bool:
+    return isinstance(value, (sympy.Set, sympy.And)) or (
+        isinstance(value, sympy.core.relational.Relational) and not isinstance(value, sympy.Equality))
+
+
+def _as_set(value) -> sympy.Set:
+    if isinstance(value, sympy.Set):
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and (value[0] < value[1]) is sympy.true:
+        return sympy.Interval.open(*value)
+    if isinstance(value, list):
+        return sympy.Union(*map(_as_set, value))
+    if _is_set_like(value):
+        symbols = value.free_symbols
+        if len(symbols) != 1:
+            raise _Reject("not an inequality in one variable")
+        variable = symbols.pop()
+        parts = value.args if isinstance(value, sympy.And) else [value]
+        return sympy.Intersection(*(sympy.solveset(part, variable, sympy.S.Reals) for part in parts))
+    raise _Reject("not a set")
+
+
+def _sets_equal(a: sympy.Set, b: sympy.Set) -> bool:
+    """Intervals, unions of them and finite sets piece by piece (fast, and exact on symbolic endpoints);
+    anything else by the two set differences."""
+    if a == b:
+        return True
+    if isinstance(a, sympy.Interval) and isinstance(b, sympy.Interval):
+        return (a.left_open, a.right_open) == (b.left_open, b.right_open) \
+            and _expr_equal(a.start, b.start) and _expr_equal(a.end, b.end)
+    if isinstance(a, sympy.FiniteSet) and isinstance(b, sympy.FiniteSet):
+        return answers_equal(list(a), list(b))
+    if isinstance(a, sympy.Union) and isinstance(b, sympy.Union) and len(a.args) == len(b.args) \
+            and all(isinstance(piece, sympy.Interval) for piece in a.args + b.args):
+        return all(map(_sets_equal, a.args, b.args))  # sympy orders numeric pieces
+    numeric_sets = {sympy.Interval, sympy.FiniteSet, sympy.Union}
+    if {type(a), type(b)} <= numeric_sets and not (a.free_symbols or b.free_symbols):
+        return False  # different kinds of numeric sets that sympy did not make identical
+    return sympy.Complement(a, b).is_empty is True and sympy.Complement(b, a).is_empty is True
+
+
+def _numerically_nonzero(expr: sympy.Expr) -> bool:
+    """Whether expr is certainly not identically zero: its value at a generic point, to 30 digits."""
+    symbols = sorted(expr.free_symbols, key=str)
+    for trial in range(3):
+        point = {symbol: sympy.Rational(113 + 37 * k + 19 * trial, 71) for k, symbol in enumerate(symbols)}
+        value = sympy.N(expr, 30, subs=point)
+        if value.has(sympy.nan, sympy.zoo) or not value.is_number:
+            continue
+        magnitude = abs(value)
+        if magnitude.is_Number:
+            return bool(magnitude > sympy.Float("1e-20"))
+    return False
+
+
+def _expr_equal(a, b) -> bool:
+    if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
+        return a == b
+    if a == b:
+        return True
+    if a.is_Rational and b.is_Rational:
+        return False
+    difference = a - b
+    if difference == 0:
+        return True
+    if _numerically_nonzero(difference):
+        return False
+    if sympy.expand(difference) == 0 or sympy.expand(sympy.expand_log(difference, force=True)) == 0 \
+            or sympy.simplify(difference) == 0:  # force: names in answers are positive lengths and counts
+        return True
+    return difference.equals(0) is True
+
+
+def _equations_equal(a, b) -> bool:
+    if isinstance(a, sympy.Equality) and isinstance(b, sympy.Equality):
+        left, right = a.lhs - a.rhs, b.lhs - b.rhs
+        if left == 0 or right == 0:
+            return left == right
+        ratio = sympy.simplify(sympy.cancel(left / right))
+        return not ratio.free_symbols and ratio.is_zero is False and ratio.is_finite is True
+    equation, value = (a, b) if isinstance(a, sympy.Equality) else (b, a)
+    for side, other in ((equation.lhs, equation.rhs), (equation.rhs, equation.lhs)):
+        if isinstance(side, sympy.Symbol) and side not in other.free_symbols:
+            return answers_equal(other, value)
+    return False
+
+
+def _relations_equal(a, b) -> bool:
+    """Inequalities in several variables: the same strictness and the same side of zero."""
+    def canonical(relation):
+        if isinstance(relation, (sympy.StrictGreaterThan, sympy.GreaterThan)):
+            return relation.rhs - relation.lhs, isinstance(relation, sympy.StrictGreaterThan)
+        return relation.lhs - relation.rhs, isinstance(relation, sympy.StrictLessThan)
+    (left, left_strict), (right, right_strict) = canonical(a), canonical(b)
+    return left_strict == right_strict and _expr_equal(left, right)
+
+
+def _as_vector(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, sympy.MatrixBase) and 1 in value.shape:
+        return list(value)
+    return None
+
+
+def _lists_equal(a: list | tuple, b: list | tuple) -> bool:
+    """Tuples in order; lists (solutions, set elements) in any order."""
+    if len(a) != len(b):
+        return False
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return all(map(answers_equal, a, b))
+    unmatched = list(b)
+    for item in a:
+        match = next((index for index, other in enumerate(unmatched) if answers_equal(item, other)), None)
+        if match is None:
+            return False
+        del unmatched[match]
+    return True
+
+
+_INEQUALITIES = (sympy.LessThan, sympy.StrictLessThan, sympy.GreaterThan, sympy.StrictGreaterThan)
+
+
+def answers_equal(a, b) -> bool:
+    """Equivalence of two parsed answers (see parse_answer for the kinds)."""
+    a = a[0] if isinstance(a, list) and len(a) == 1 else a
+    b = b[0] if isinstance(b, list) and len(b) == 1 else b
+    if isinstance(a, _INEQUALITIES) and isinstance(b, _INEQUALITIES) \
+            and len(a.free_symbols | b.free_symbols) > 1:
+        return _relations_equal(a, b)
+    if _is_set_like(a) or _is_set_like(b):
+        return _sets_equal(_as_set(a), _as_set(b))
+    if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
+        if isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase) and a.shape == b.shape:
+            return all(map(_expr_equal, a, b))
+        a_vector, b_vector = _as_vector(a), _as_vector(b)
+        return None not in (a_vector, b_vector) and _lists_equal(tuple(a_vector), tuple(b_vector))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return _lists_equal(a, b)
+    if isinstance(a, sympy.Equality) or isinstance(b, sympy.Equality):
+        return _equations_equal(a, b)
+    return _expr_equal(a, b)
+
+
+def _numbers_at_precision(pred: str, pred_value, ref: str, ref_value) -> bool:
+    """_precision_matches for parsed values: real numbers only."""
+    def as_number(value):
+        if isinstance(value, sympy.Rational):
+            return Fraction(int(value.p), int(value.q))
+        return value if isinstance(value, sympy.Expr) and value.is_number and value.is_real else None
+    pred_number, ref_number = as_number(pred_value), as_number(ref_value)
+    return pred_number is not None and ref_number is not None \
+        and _precision_matches(pred, pred_number, ref, ref_number)
+
+
+_NAME_LIKE = re.compile(r"(?:[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?'?|\\[a-zA-Z]+|[(),:;|]"
+                        r"|\\frac\{[A-Za-z]+\}\{[A-Za-z]+\})+")
+
+
+def _defined_value(text: str) -> tuple[str, str] | None:
+    """(name, value) of "name = value" where the name is a variable, a tuple of them, f(x), |AB| or a
+    ratio of names (x = 5, (p,q) = (3,2), AB:CD = 1:2); a chain x = 2+3 = 5 gives its last side."""
+    sides = ["".join(part) for part in split_top(tokenize(text), {"="})]
+    if len(sides) < 2 or not _NAME_LIKE.fullmatch(sides[0]) or not all(sides):
+        return None
+    return sides[0], sides[-1]
+
+
+def _defined_values(text: str) -> tuple[str, str] | None:
+    """_defined_value for one definition or a list of them: "AB=4, CD=5" -> ("AB,CD", "4,5")."""
+    items = ["".join(item) for item in split_top(tokenize(text), {",", ";"})]
+    definitions = [_defined_value(item) for item in items]
+    if len(items) == 1 or not all(definitions):
+        return _defined_value(text)
+    return ",".join(name for name, _ in definitions), ",".join(value for _, value in definitions)
+
+
+def _compare_defined_values(pred: Answer, ref: Answer) -> bool:
+    """x = 5 against 5: the value is the answer; two definitions of the same name compare values."""
+    pred_defined, ref_defined = _defined_values(pred.text), _defined_values(ref.text)
+    if pred_defined and ref_defined:
+        if pred_defined[0] != ref_defined[0] or (pred_defined[1], ref_defined[1]) == (pred.text, ref.text):
+            return False
+        pred = Answer(pred_defined[1], pred.unit, pred.percent)
+        ref = Answer(ref_defined[1], ref.unit, ref.percent)
+    elif pred_defined and "=" not in ref.text:
+        pred = Answer(pred_defined[1], pred.unit, pred.percent)
+    elif ref_defined and "=" not in pred.text:
+        ref = Answer(ref_defined[1], ref.unit, ref.percent)
+    else:
+        return False
+    return _compare(pred, ref)
+
+
+def _compare(pred: Answer, ref: Answer) -> bool:
+    """Two normalised answers by sympy: values, then the percent and precision policies."""
+    pred_value, ref_value = parse_answer(pred.text), parse_answer(ref.text)
+    if answers_equal(pred_value, ref_value):
+        return True
+    if pred.percent != ref.percent:  # the side with a % may also be meant as its fraction of 1
+        if pred.percent and isinstance(pred_value, sympy.Expr) and answers_equal(pred_value / 100, ref_value):
+            return True
+        if ref.percent and isinstance(ref_value, sympy.Expr) and answers_equal(pred_value, ref_value / 100):
+            return True
+    return _numbers_at_precision(pred.text, pred_value, ref.text, ref_value)
+
+
+def equivalent(prediction: str, reference: str) -> bool:
+    """Whether two final answers are the same; never raises, but unbounded in time: callers run it in a
+    worker (see reward.RewardPool)."""
+    try:
+        verdict = fast_verdict(prediction, reference)
+        if verdict is not None:
+            return verdict
+        pred, ref = normalize(prediction), normalize(reference)
+        try:
+            if _compare(pred, ref):
+                return True
+        except _Reject:
+            pass  # "(p,q) = (3,2)" does not parse as a whole; its value may
+        return _compare_defined_values(pred, ref)
+    except Exception:  # sympy raises many kinds on odd input; any of them means "not shown equal"
+        return False
