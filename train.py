@@ -159,24 +159,34 @@ def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_t
     return correct / len(problems)
 
 
-def warm_start(model, problems: list[dict], tokenizer, cfg, device) -> None:
+def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dict:
     """Teacher forcing on worked solutions (`solution` ends in \\boxed{answer}) so that a random model can
-    answer at all: cross-entropy on the response tokens, sft_steps AdamW steps."""
+    answer at all: cross-entropy on the response tokens, AdamW, at most sft_steps steps.
+
+    With sft_target_accuracy it stops as soon as greedy accuracy on the last sft_dev_problems problems (kept
+    out of its batches) reaches the target, checked every sft_eval_every steps. A fixed step count hands RL
+    whatever competence the CPU's fp32 rounding made of the trajectory; a target hands it the same skill every
+    time. Returns {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}."""
     usable = [p for p in problems if p.get("solution")]
+    dev = usable[-cfg.sft_dev_problems :] if cfg.sft_target_accuracy > 0 else []
+    usable = usable[: len(usable) - len(dev)]
     if not usable:
-        raise SystemExit("error: --sft-steps needs problems with worked solutions (a 'solution' field)")
+        raise SystemExit("error: --sft-steps needs problems with worked solutions (a 'solution' field)"
+                         + (f", more than --sft-dev-problems ({cfg.sft_dev_problems})" if dev else ""))
     batcher = PromptBatcher(usable, cfg.sft_batch_size, seed=cfg.seed + 1)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
-    model.train()
-    for _ in tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr):
+    dev_accuracy, steps = None, 0
+    bar = tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr)
+    for steps in range(1, cfg.sft_steps + 1):
+        model.train()
         batch = batcher.next_batch()
         answers = [tokenizer.encode(p["solution"], add_special_tokens=False) + [eos] for p in batch]
         sequences = [p["prompt_ids"] + a for p, a in zip(batch, answers)]
         L = max(map(len, sequences))
-        ids = torch.tensor([s + [eos] * (L - len(s)) for s in sequences], device=device)  # right padding
+        ids = torch.tensor([s + [eos] * (L - len(s)) for s in sequences], device=device)  # [B, L], padded
         labels = ids[:, 1:]
-        mask = torch.zeros_like(labels, dtype=torch.bool)
+        mask = torch.zeros_like(labels, dtype=torch.bool)  # [B, L - 1] the solution's tokens and its EOS
         for row, (p, a) in enumerate(zip(batch, answers)):
             mask[row, len(p["prompt_ids"]) - 1 : len(p["prompt_ids"]) - 1 + len(a)] = True
         with autocast(device):
@@ -186,6 +196,19 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        bar.update()
+        if dev and steps % cfg.sft_eval_every == 0:
+            model.eval()
+            dev_accuracy = held_out_accuracy(model, dev, tokenizer, pool, max_new_tokens=cfg.max_new_tokens)
+            bar.set_postfix(dev_accuracy=f"{dev_accuracy:.3f}")
+            if dev_accuracy >= cfg.sft_target_accuracy:
+                break
+    bar.close()
+    model.eval()
+    reached = "" if dev_accuracy is None else (f"; greedy accuracy on {len(dev)} dev problems "
+                                               f"{dev_accuracy:.3f} (target {cfg.sft_target_accuracy:.2f})")
+    print(f"warm start: {steps} teacher-forced steps{reached}")
+    return {"warm_start_steps": steps, "warm_start_dev_accuracy": dev_accuracy}
 
 
 def make_episodes(policy, reference, rollout, advantages, cfg, device) -> tuple[Episodes, torch.Tensor]:
@@ -352,7 +375,7 @@ def run(cfg: Config) -> dict:
         start_step = state["step"]
         print(f"resumed from {latest} (step {start_step})", file=sys.stderr)
     elif cfg.sft_steps > 0:
-        warm_start(policy, problems, tokenizer, cfg, device)
+        summary.update(warm_start(policy, problems, tokenizer, cfg, device, pool))
         save_model(policy, out_dir / "warm_start", tokenizer)  # the reference of the KL term, also on resume
 
     reference = None
@@ -505,7 +528,8 @@ def run(cfg: Config) -> dict:
                                                       max_new_tokens=cfg.max_new_tokens)
         before = summary.get("accuracy_before")
         print(f"held-out accuracy after RL: {summary['accuracy_after']:.3f}"
-              + (f" (before: {before:.3f})" if before is not None else ""))
+              + (f" (before: {before:.3f}: {100 * (summary['accuracy_after'] - before):+.1f} points)"
+                 if before is not None else ""))
     pool.close()
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     summary.update(steps=len(history), final_reward_mean=sum(m["reward_mean"] for m in history[-5:]) / max(len(history[-5:]), 1),
