@@ -131,9 +131,16 @@ class Config:
                                        "log-probs (memory O(chunk x V), never O(B x T x V))")
 
     # --- supervised warm start (the demo: teach a random model the answer format before RL)
-    sft_steps: int = option(0, "teacher-forced steps on the data's worked solutions before RL (0 = none)")
+    sft_steps: int = option(0, "teacher-forced steps on the data's worked solutions before RL, at most "
+                            "(0 = none; with --sft-target-accuracy the warm start may stop sooner)")
     sft_lr: float = option(1e-3, "AdamW learning rate of the warm start")
     sft_batch_size: int = option(32, "problems per warm-start step")
+    sft_target_accuracy: float = option(0.0, "stop the warm start once greedy accuracy on --sft-dev-problems "
+                                        "training problems kept out of it reaches this, so that RL starts "
+                                        "from the same skill on any CPU (0 = always run --sft-steps)")
+    sft_dev_problems: int = option(100, "with --sft-target-accuracy: the last N training problems, held out "
+                                   "of the warm start and scored greedily every --sft-eval-every steps")
+    sft_eval_every: int = option(25, "with --sft-target-accuracy: warm-start steps between two dev checks")
 
     # --- the run
     seed: int = option(0, "seed of data order, rollouts and initialisation")
@@ -188,6 +195,9 @@ class Config:
             (self.rollout_batch_size >= 0, "rollout_batch_size must be >= 0 (0 = all rows at once)"),
             (self.sft_steps >= 0 and self.sft_batch_size >= 1 and self.sft_lr > 0, "sft_steps must be >= 0, "
              "sft_batch_size >= 1 and sft_lr > 0"),
+            (0.0 <= self.sft_target_accuracy <= 1.0, "sft_target_accuracy must be in [0, 1] (0 = off)"),
+            (self.sft_dev_problems >= 1 and self.sft_eval_every >= 1,
+             "sft_dev_problems and sft_eval_every must be at least 1"),
             (self.device in ("", "cpu", "cuda") or self.device.startswith("cuda:"), "device must be cpu or cuda"),
             (self.temperature >= 0, "temperature must be >= 0 (0 = greedy, for evaluation only)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
@@ -294,10 +304,14 @@ PRESETS: dict[str, dict] = {
                           filter_groups="all_correct", kl_coef=0.0),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
     "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4, overwrite=True),
-    # The offline demo: the random tiny model learns the answer format from 300 teacher-forced steps on
-    # worked solutions, then 60 N-GRPO steps raise its greedy accuracy on 200 held-out problems.
-    "demo": dict(_SMALL, out_dir="runs/demo", overwrite=True, sft_steps=300, sft_lr=3e-3, group_size=8, mini_batch_prompts=16,
-                 micro_batch_size=128, max_steps=60, eval_problems=200, eval_every=20, log_completions_every=20),
+    # The offline demo: the random tiny model learns the answer format and part of the arithmetic from worked
+    # solutions until it answers half of 100 dev problems greedily (a competence target, not a step count:
+    # the same starting skill on any CPU), then 80 N-GRPO steps raise its greedy accuracy on 200 held-out
+    # problems. Counts up to 5 keep the distinct sums and differences few (40): RL meets each many times.
+    "demo": dict(_SMALL, out_dir="runs/demo", overwrite=True, data="arith:max_count=5", sft_steps=600,
+                 sft_lr=3e-3, sft_target_accuracy=0.5, sft_eval_every=10, group_size=8, mini_batch_prompts=16,
+                 micro_batch_size=128, max_steps=80, eval_problems=200, eval_every=20,
+                 log_completions_every=20),
 }
 
 

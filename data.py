@@ -128,8 +128,8 @@ def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int
 def load_problems(source: str, *, split: str = "train", limit: int | None = None) -> list[dict]:
     """Problems {id, problem, answer} from a local file, a hub dataset id or a built-in set.
 
-    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1` (see arith_problems); its train and test splits
-    never share a problem."""
+    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1,max_count=5` (see arith_problems); its train and
+    test splits never share a problem."""
     if source == "arith" or source.startswith("arith:"):
         problems = arith_problems(split=split, **_parse_options(source.partition(":")[2]))
     else:
@@ -275,11 +275,12 @@ def _answer_text(answer) -> str:
 
 def _parse_options(text: str) -> dict:
     """'difficulty=2,n=500' -> {"difficulty": 2, "n": 500}."""
+    names = ("difficulty", "n", "seed", "max_count")
     options = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
-        if key.strip() not in ("difficulty", "n", "seed") or not value.strip().isdigit():
-            raise DataError(f"arith option {item!r}: expected difficulty=INT, n=INT or seed=INT")
+        if key.strip() not in names or not value.strip().isdigit():
+            raise DataError(f"arith option {item!r}: expected {', '.join(f'{name}=INT' for name in names)}")
         options[key.strip()] = int(value)
     return options
 
@@ -290,23 +291,26 @@ NAMES = ("Ava", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun",
 ITEMS = ("apples", "marbles", "stickers", "coins", "shells", "pencils", "stamps", "cards", "beads", "books")
 
 
-def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str = "train") -> list[dict]:
+def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str = "train",
+                   max_count: int = 0) -> list[dict]:
     """Seeded arithmetic word problems with exact non-negative integer answers and a worked solution.
 
-    difficulty d: d operations (+, -, x, exact /) on counts up to 10·d. A problem belongs to the test split
-    when a hash of its text falls in the lowest tenth, so train and test never share a problem.
+    difficulty d: d operations (+, -, x, exact /) on counts up to max_count (0 = 10·d). A problem belongs to
+    the test split when a hash of its text falls in the lowest tenth, so train and test never share a problem.
+    A smaller max_count means fewer distinct sums to learn (the demo's max_count=5: 25 sums and 15
+    differences), so that a short RL run meets each of them many times.
 
     >>> arith_problems(1, seed=3)[0]["problem"]
     'Jun has 9 books. Jun gets 4 more books. How many books does Jun have now?'
     """
     if split not in ("train", "test"):
         raise DataError(f"arith has the splits train and test, not {split!r}")
-    if difficulty < 1 or n < 1:
-        raise DataError("arith needs difficulty >= 1 and n >= 1")
-    rng = random.Random(f"arith:{difficulty}:{seed}")
+    if difficulty < 1 or n < 1 or max_count < 0:
+        raise DataError("arith needs difficulty >= 1, n >= 1 and max_count >= 0")
+    rng = random.Random(f"arith:{difficulty}:{seed}" + (f":{max_count}" if max_count else ""))
     problems, seen = [], set()
     for _ in range(200 * n):  # small sets run out of distinct problems: stop rather than loop forever
-        problem = _arith_problem(rng, difficulty)
+        problem = _arith_problem(rng, difficulty, max_count or 10 * difficulty)
         digest = int(hashlib.sha256(problem["problem"].encode()).hexdigest(), 16)
         if problem["problem"] in seen or (digest % 10 == 0) != (split == "test"):
             continue
@@ -317,9 +321,8 @@ def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str
     return problems
 
 
-def _arith_problem(rng: random.Random, difficulty: int) -> dict:
+def _arith_problem(rng: random.Random, difficulty: int, top: int) -> dict:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    top = 10 * difficulty
     count = rng.randint(1, top)
     sentences, steps = [f"{name} has {count} {item}."], []
     for _ in range(difficulty):

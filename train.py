@@ -373,24 +373,34 @@ def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_t
     return correct / len(problems)
 
 
-def warm_start(model, problems: list[dict], tokenizer, cfg, device) -> None:
+def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dict:
     """Teacher forcing on worked solutions (`solution` ends in \\boxed{answer}) so that a random model can
-    answer at all: cross-entropy on the response tokens, sft_steps AdamW steps."""
+    answer at all: cross-entropy on the response tokens, AdamW, at most sft_steps steps.
+
+    With sft_target_accuracy it stops once greedy accuracy on the last sft_dev_problems problems (kept out of
+    its batches) has reached the target at two checks in a row, checked every sft_eval_every steps (one check
+    on 100 problems can pass on a lucky draw: std ~0.05). A fixed step count hands RL whatever competence the
+    CPU's fp32 rounding made of the trajectory; a target hands it the same skill every time. Returns {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}."""
     usable = [p for p in problems if p.get("solution")]
+    dev = usable[-cfg.sft_dev_problems :] if cfg.sft_target_accuracy > 0 else []
+    usable = usable[: len(usable) - len(dev)]
     if not usable:
-        raise SystemExit("error: --sft-steps needs problems with worked solutions (a 'solution' field)")
+        raise SystemExit("error: --sft-steps needs problems with worked solutions (a 'solution' field)"
+                         + (f", more than --sft-dev-problems ({cfg.sft_dev_problems})" if dev else ""))
     batcher = PromptBatcher(usable, cfg.sft_batch_size, seed=cfg.seed + 1)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
-    model.train()
-    for _ in tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr):
+    dev_accuracy, steps, checks_passed = None, 0, 0
+    bar = tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr)
+    for steps in range(1, cfg.sft_steps + 1):
+        model.train()
         batch = batcher.next_batch()
         answers = [tokenizer.encode(p["solution"], add_special_tokens=False) + [eos] for p in batch]
         sequences = [p["prompt_ids"] + a for p, a in zip(batch, answers)]
         L = max(map(len, sequences))
-        ids = torch.tensor([s + [eos] * (L - len(s)) for s in sequences], device=device)  # right padding
+        ids = torch.tensor([s + [eos] * (L - len(s)) for s in sequences], device=device)  # [B, L], padded
         labels = ids[:, 1:]
-        mask = torch.zeros_like(labels, dtype=torch.bool)
+        mask = torch.zeros_like(labels, dtype=torch.bool)  # [B, L - 1] the solution's tokens and its EOS
         for row, (p, a) in enumerate(zip(batch, answers)):
             mask[row, len(p["prompt_ids"]) - 1 : len(p["prompt_ids"]) - 1 + len(a)] = True
         with autocast(device):
@@ -400,6 +410,20 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        bar.update()
+        if dev and steps % cfg.sft_eval_every == 0:
+            model.eval()
+            dev_accuracy = held_out_accuracy(model, dev, tokenizer, pool, max_new_tokens=cfg.max_new_tokens)
+            bar.set_postfix(dev_accuracy=f"{dev_accuracy:.3f}")
+            checks_passed = checks_passed + 1 if dev_accuracy >= cfg.sft_target_accuracy else 0
+            if checks_passed == 2:
+                break
+    bar.close()
+    model.eval()
+    reached = "" if dev_accuracy is None else (f"; greedy accuracy on {len(dev)} dev problems "
+                                               f"{dev_accuracy:.3f} (target {cfg.sft_target_accuracy:.2f})")
+    print(f"warm start: {steps} teacher-forced steps{reached}")
+    return {"warm_start_steps": steps, "warm_start_dev_accuracy": dev_accuracy}
 
 
 def claim_out_dir(cfg: Config) -> Path:
@@ -531,7 +555,7 @@ def setup(cfg: Config, out_dir: Path) -> Run:
 def start_fresh(r: Run) -> int:
     """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
     if r.cfg.sft_steps > 0:
-        warm_start(r.policy, r.problems, r.tokenizer, r.cfg, r.device)
+        r.summary.update(warm_start(r.policy, r.problems, r.tokenizer, r.cfg, r.device, r.pool))
         save_model(r.policy, r.out_dir / "warm_start", r.tokenizer)  # the KL term's reference, also on resume
     prepare_sampling(r, saved_table=None)
     return 0

@@ -183,6 +183,16 @@ def test_arith_is_seeded_and_splits_are_disjoint():
     assert len(test) == 200 and not train & test
 
 
+def test_arith_max_count_bounds_the_counts_and_the_distinct_facts():
+    problems = data.load_problems("arith:max_count=5,n=500")
+    facts = {(*map(int, re.findall(r"\d+", p["problem"])), "gets" in p["problem"]) for p in problems}
+    assert all(1 <= a <= 5 and 1 <= b <= 5 for a, b, _ in facts)
+    assert all(p["answer"] == str(solve_by_reading(p["problem"])) for p in problems)
+    assert len(facts) >= 38  # of the 25 sums and 15 differences (1 <= b <= a <= 5) there are
+    with pytest.raises(data.DataError, match="max_count"):
+        data.arith_problems(5, max_count=-1)
+
+
 def test_arith_source_string_options():
     problems = data.load_problems("arith:difficulty=2,n=30,seed=7", split="test")
     assert problems == data.arith_problems(30, difficulty=2, seed=7, split="test")
