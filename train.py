@@ -213,8 +213,10 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "logp_gap_mean": float(logp_gap.mean()) if logp_gap.numel() else 0.0,
         "logp_gap_max": float(logp_gap.max()) if logp_gap.numel() else 0.0,
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
-        # How different a group's responses are (README, "Is it better?"): answers through the checker.
-        **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size, same=r.pool),
+        # How different a group's responses are (README, "Is it better?"): answers compared by our checker,
+        # or as strings when the reward is math-verify's or the user's.
+        **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size,
+                          same=r.pool if cfg.grader == "ours" and not cfg.reward else None),
         "rollout_s": groups.rollout_s, "score_s": groups.score_s, "update_s": update_s,
         "rollout_tokens_per_s": num_tokens / groups.rollout_s,
         "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
