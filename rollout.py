@@ -18,7 +18,8 @@ the loop syncs with the host only every `check_every` steps to see whether every
 """
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,6 @@ from tqdm import tqdm
 
 from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
-
-STRATEGIES = ("none", "neighbor", "soft", "gaussian")
-
 
 @dataclass(frozen=True)
 class Sampling:
@@ -52,8 +50,9 @@ class Exploration:
     stop_mixing_id: int | None = None  # no mixing at or after the step that samples this id (</think>)
 
     def __post_init__(self):
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"exploration strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
+        if self.strategy not in EXPLORERS:
+            raise ValueError(f"exploration strategy must be one of {', '.join(EXPLORERS)}, "
+                             f"not {self.strategy!r}")
         if self.weights not in ("code", "renorm"):
             raise ValueError(f"mixing weights must be 'code' or 'renorm', not {self.weights!r}")
         if not 0.0 <= self.mix_rate <= 1.0 or self.num_neighbors < 1 or self.top_k < 1 or self.noise_sigma < 0:
@@ -62,6 +61,9 @@ class Exploration:
     @property
     def num_candidates(self) -> int:
         return {"none": 1, "neighbor": 1 + self.num_neighbors}.get(self.strategy, self.top_k)
+
+
+ROW_TENSORS = ("response_ids", "lengths", "finished", "logprobs", "cand_ids", "cand_weights", "mixed")
 
 
 @dataclass
@@ -82,7 +84,6 @@ class Rollout:
     cand_ids: torch.Tensor
     cand_weights: torch.Tensor
     mixed: torch.Tensor
-    logits: torch.Tensor | None = None  # [B, T, V] fp32 raw logits of each step, when asked for (tests)
 
     def response_mask(self) -> torch.Tensor:
         """[B, T] bool: True at the positions of each row's response (stop token included)."""
@@ -90,6 +91,32 @@ class Rollout:
 
     def responses(self) -> list[list[int]]:
         return [ids[:n].tolist() for ids, n in zip(self.response_ids, self.lengths.tolist())]
+
+    @staticmethod
+    def concat(rollouts: list["Rollout"], pad_id: int) -> "Rollout":
+        """The rows of several rollouts as one, in order; responses right-padded to the longest (pad_id in
+        response_ids and cand_ids, weight 0, log-prob 0, not mixed)."""
+        if len(rollouts) == 1:
+            return rollouts[0]
+        T = max(r.response_ids.shape[1] for r in rollouts)
+        fill = dict(response_ids=pad_id, cand_ids=pad_id, logprobs=0.0, cand_weights=0.0, mixed=False)
+
+        def padded(x: torch.Tensor, value) -> torch.Tensor:  # [B, T_r, ...] -> [B, T, ...]; [B] stays
+            if x.dim() == 1:
+                return x
+            out = x.new_full((x.shape[0], T, *x.shape[2:]), value)
+            out[:, : x.shape[1]] = x
+            return out
+
+        return replace(rollouts[0], prompts=[p for r in rollouts for p in r.prompts],
+                       **{name: torch.cat([padded(getattr(r, name), fill.get(name, 0)) for r in rollouts])
+                          for name in ROW_TENSORS})
+
+    def select(self, index: list[int]) -> "Rollout":
+        """The rows `index` (in that order, repeats allowed) as a rollout of their own."""
+        rows = torch.tensor(index, dtype=torch.long, device=self.lengths.device)
+        return replace(self, prompts=[self.prompts[i] for i in index],
+                       **{name: getattr(self, name)[rows] for name in ROW_TENSORS})
 
 
 def filtered_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -141,6 +168,91 @@ def soft_candidates(probs: torch.Tensor, top_k: int, mix_temperature: float = 0.
     if mix_temperature > 0:
         cand_probs = cand_probs.clamp_min(1e-30) ** (1.0 / mix_temperature)
     return cand_ids, cand_probs / cand_probs.sum(-1, keepdim=True)
+
+
+# ----------------------------------------------------------------------------- exploration strategies
+#
+# A strategy is one function of the step (`StepView`) returning the step's record and the next input
+# (`Mixture`). To add one: write explore_NAME below, register it in EXPLORERS, give Exploration the knobs
+# it reads (and num_candidates its K). The decode loop does not change.
+
+
+@dataclass
+class StepView:
+    """What an exploration strategy sees at one decode step, for the B rows at once."""
+
+    exploration: Exploration
+    probs: torch.Tensor  # [B, V] the sampling distribution (temperature, top-k / top-p applied)
+    token: torch.Tensor  # [B] the sampled action y
+    eligible: torch.Tensor  # [B] bool: live rows that have not yet sampled stop_mixing_id
+    coin: torch.Tensor  # [B] uniform in [0, 1): the step's mixing coin is coin < mix_rate
+    temperature: float
+    embed: torch.Tensor  # [V, d] the input embedding E
+    cand_table: torch.Tensor | None  # [V, 1 + num_neighbors] (candidate_table), neighbor strategy only
+    normal: Callable[[int], torch.Tensor]  # normal(n) -> [B, n] standard normal draws of this step
+
+
+@dataclass
+class Mixture:
+    """A step's record and what it feeds: the input is sum_k w_k E[id_k] (+ noise, for noisy strategies)."""
+
+    cand_ids: torch.Tensor  # [B, K]
+    cand_weights: torch.Tensor  # [B, K]
+    mixed: torch.Tensor  # [B] bool
+    inputs: torch.Tensor  # [B, d] in the embedding's dtype
+
+
+def mix_where(view: StepView, cand_ids: torch.Tensor, cand_weights: torch.Tensor, mix: torch.Tensor) -> Mixture:
+    """Rows where `mix` feed the candidates' mixture; the others feed their sampled token, recorded as
+    [y, y, ...] with weights [1, 0, ...] (exactly E[y])."""
+    unit = torch.zeros_like(cand_weights)
+    unit[:, 0] = 1.0
+    cand_ids = torch.where(mix[:, None], cand_ids, view.token[:, None])  # [B, K]
+    cand_weights = torch.where(mix[:, None], cand_weights, unit)
+    return Mixture(cand_ids, cand_weights, mix, mixed_embeddings(view.embed, cand_ids, cand_weights))
+
+
+def explore_none(view: StepView) -> Mixture:
+    """Plain GRPO: feed the sampled token."""
+    token = view.token[:, None]  # [B, 1]
+    return Mixture(token, torch.ones(token.shape, device=token.device), torch.zeros_like(view.eligible),
+                   view.embed[view.token])
+
+
+def explore_neighbor(view: StepView) -> Mixture:
+    """N-GRPO: at a step whose coin lands (rate mix_rate), the anchor argmax p and its table neighbors."""
+    x = view.exploration
+    cand_ids, cand_weights = neighbor_candidates(view.probs, view.cand_table, temperature=view.temperature,
+                                                 weights=x.weights)
+    return mix_where(view, cand_ids, cand_weights, view.eligible & (view.coin < x.mix_rate))
+
+
+def explore_soft(view: StepView) -> Mixture:
+    """Soft Thinking: every thinking step feeds the top-k mixture of p."""
+    x = view.exploration
+    return mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
+
+
+def explore_gaussian(view: StepView) -> Mixture:
+    """STHT-style: at a step whose coin lands, the top-k mixture plus N(0, (sigma * rms)^2) noise. The
+    record holds the noise-free mixture, which is what training replays (as the released code does)."""
+    x = view.exploration
+    clean = mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature),
+                      view.eligible & (view.coin < x.mix_rate))
+    inputs = clean.inputs.float()  # [B, d]
+    rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()
+    noisy = inputs + view.normal(inputs.shape[1]) * x.noise_sigma * rms
+    clean.inputs = torch.where(clean.mixed[:, None], noisy, inputs).to(clean.inputs.dtype)
+    return clean
+
+
+EXPLORERS: dict[str, Callable[[StepView], Mixture]] = {
+    "none": explore_none, "neighbor": explore_neighbor, "soft": explore_soft, "gaussian": explore_gaussian,
+}
+STRATEGIES = tuple(EXPLORERS)
+
+
+# ----------------------------------------------------------------------------- the decode loop
 
 
 class DecodeStep:
@@ -208,123 +320,130 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return ids.to(device), mask.to(device)
 
 
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cache: KVCache,
+             prefill_tokens: int) -> torch.Tensor:
+    """Write the left-padded prompts [B, P] into the cache; fp32 logits [B, V] of their last position.
+    Row chunks of ~prefill_tokens prompt tokens bound the [rows, 1, P, P] mask and the MLP activations
+    (4k-token prompts x 256 rows would need tens of GB at once)."""
+    rows = max(1, prefill_tokens // prompt_ids.shape[1])
+    last_hidden = [model.forward_hidden(prompt_ids[r : r + rows], attention_mask=prompt_mask[r : r + rows],
+                                        cache=KVCache(cache.k[:, r : r + rows], cache.v[:, r : r + rows]),
+                                        cache_pos=0)[:, -1] for r in range(0, prompt_ids.shape[0], rows)]
+    return F.linear(torch.cat(last_hidden), model.output_weight).float()  # [B, V]: only the last position
+
+
+def sample_tokens(probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """One token per row from p [B, V]: argmax p (greedy) when uniforms is None, else argmax(p / q) with
+    q = -log U ~ Exp(1), U [B, V] in (0, 1): an exact draw from p (the exponential race) with no host sync."""
+    if uniforms is None:
+        return probs.argmax(-1)
+    return (probs / uniforms.log().neg()).argmax(-1)
+
+
+@dataclass
+class Record:
+    """The [B, T_max, ...] buffers the loop writes one step at a time; `rollout` trims them."""
+
+    response_ids: torch.Tensor
+    logprobs: torch.Tensor
+    cand_ids: torch.Tensor
+    cand_weights: torch.Tensor
+    mixed: torch.Tensor
+
+    @classmethod
+    def empty(cls, B: int, T_max: int, K: int, pad_id: int, device) -> "Record":
+        return cls(torch.full((B, T_max), pad_id, dtype=torch.long, device=device),
+                   torch.zeros(B, T_max, device=device), torch.zeros(B, T_max, K, dtype=torch.long, device=device),
+                   torch.zeros(B, T_max, K, device=device), torch.zeros(B, T_max, dtype=torch.bool, device=device))
+
+    def write(self, t: int, token: torch.Tensor, logprob: torch.Tensor, mixture: Mixture) -> None:
+        self.response_ids[:, t], self.logprobs[:, t] = token, logprob
+        self.cand_ids[:, t], self.cand_weights[:, t], self.mixed[:, t] = (mixture.cand_ids, mixture.cand_weights,
+                                                                         mixture.mixed)
+
+    def rollout(self, prompts: list[list[int]], lengths: torch.Tensor, finished: torch.Tensor) -> Rollout:
+        T = int(lengths.max())  # trim to the longest response
+        return Rollout(prompts=[list(p) for p in prompts], response_ids=self.response_ids[:, :T], lengths=lengths,
+                       finished=finished, logprobs=self.logprobs[:, :T], cand_ids=self.cand_ids[:, :T],
+                       cand_weights=self.cand_weights[:, :T], mixed=self.mixed[:, :T])
+
+
+SYNC_EVERY = 8  # decode steps between the loop's host syncs (to see whether every row has finished)
+
+
 @torch.no_grad()
 @torch.autocast("cuda", enabled=False)  # the model's own dtype throughout, inside the CUDA graph too
 def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: Exploration = Exploration(), *,
              neighbor_table: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             check_every: int = 8, keep_logits: bool = False, cuda_graph: bool | None = None,
-             prefill_tokens: int = 16384, progress: bool = False) -> Rollout:
+             cuda_graph: bool | None = None, prefill_tokens: int = 16384, progress: bool = False) -> Rollout:
     """Sample one response per prompt (prompts of any lengths, left-padded into one batch).
 
     The model runs in its own dtype (autocast is off inside; on GPU pass a bf16 model). cuda_graph: replay
     the decode step from a CUDA graph (DecodeStep); None = whenever the model is on a CUDA device.
     prefill_tokens: prompt tokens (rows x the longest prompt) per prefill forward. progress: a tqdm bar on
     stderr (decoded steps, finished rows) for rollouts that last more than 2 s."""
+    _check_arguments(model, prompts, exploration, neighbor_table, cuda_graph)
+    embed = model.embed_tokens.weight  # [V, d]: mixtures are always of input embeddings
+    device = embed.device
+    B, T_max, K = len(prompts), sampling.max_new_tokens, exploration.num_candidates
+    prompt_ids, prompt_mask = _left_pad(prompts, sampling.pad_id, device)
+    P = prompt_ids.shape[1]
+    stop_ids = torch.tensor(sampling.stop_ids or [-1], device=device)
+    greedy = sampling.temperature == 0
+    tau = 1.0 if greedy else sampling.temperature
+    explore = EXPLORERS[exploration.strategy]
+    cand_table = None if neighbor_table is None else candidate_table(neighbor_table, exploration.num_neighbors)
+
+    cache = model.new_cache(B, P + T_max)
+    key_mask = torch.cat([prompt_mask, torch.ones(B, T_max, dtype=torch.bool, device=device)], dim=1)
+    logits = _prefill(model, prompt_ids, prompt_mask, cache, prefill_tokens)  # [B, V]
+    record = Record.empty(B, T_max, K, sampling.pad_id, device)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    mixing_on = torch.ones(B, dtype=torch.bool, device=device)  # False once a row sampled stop_mixing_id
+    lengths = torch.zeros(B, dtype=torch.long, device=device)
+    # The mixing coin of every (step, row), drawn up front: one kernel instead of two per step.
+    coins = torch.rand(T_max, B, device=device, generator=generator)  # [T_max, B]
+    normal = lambda n: torch.randn(B, n, device=device, generator=generator)  # noqa: E731
+    step = DecodeStep(model, cache, key_mask, prompt_mask.sum(-1), P,
+                      cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
+    bar = tqdm(total=T_max, desc="rollout", unit="tok", leave=False, delay=2, file=sys.stderr, disable=not progress)
+
+    for t in range(T_max):
+        probs = filtered_logits(logits, tau, sampling.top_k, sampling.top_p).softmax(-1)  # [B, V]
+        uniforms = None if greedy else torch.rand(probs.shape, device=device, generator=generator)
+        active = ~finished
+        token = torch.where(active, sample_tokens(probs, uniforms), sampling.pad_id)  # [B]
+        # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
+        # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)
+        # would underflow.
+        logprob = torch.where(active, probs.gather(-1, token[:, None])[:, 0].log(), 0.0)
+        lengths += active
+        finished |= active & torch.isin(token, stop_ids)
+        if exploration.stop_mixing_id is not None:  # the step that samples it is not mixed either
+            mixing_on &= token != exploration.stop_mixing_id
+        mixture = explore(StepView(exploration, probs, token, active & mixing_on, coins[t], tau, embed,
+                                   cand_table, normal))
+        record.write(t, token, logprob, mixture)
+        if t == T_max - 1:
+            break
+        if (t + 1) % SYNC_EVERY == 0:
+            done = int(finished.sum())  # the loop's one host sync, every SYNC_EVERY steps
+            bar.update(SYNC_EVERY)
+            bar.set_postfix_str(f"{done}/{B} rows finished", refresh=False)
+            if done == B:
+                break
+        logits = step(mixture.inputs[:, None], P + t)
+    bar.close()
+    return record.rollout(prompts, lengths, finished)
+
+
+def _check_arguments(model, prompts, exploration: Exploration, neighbor_table, cuda_graph) -> None:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt and no empty prompt")
     if exploration.strategy == "neighbor" and (neighbor_table is None or
                                                neighbor_table.shape[1] < exploration.num_neighbors):
         raise ValueError(f"the neighbor strategy needs a neighbor_table with at least {exploration.num_neighbors} "
                          "columns (neighbors.build_neighbor_table)")
-    embed = model.embed_tokens.weight  # [V, d]: mixtures are always of input embeddings
-    device = embed.device
+    device = model.embed_tokens.weight.device
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs a model on a CUDA device; this one is on {device}")
-    B, T_max, K = len(prompts), sampling.max_new_tokens, exploration.num_candidates
-    prompt_ids, prompt_mask = _left_pad(prompts, sampling.pad_id, device)
-    P = prompt_ids.shape[1]
-    prompt_lens = prompt_mask.sum(-1)  # [B]
-    stop_ids = torch.tensor(sampling.stop_ids or [-1], device=device)
-    greedy = sampling.temperature == 0
-    tau = 1.0 if greedy else sampling.temperature
-    explore = exploration.strategy
-
-    cache = model.new_cache(B, P + T_max)
-    key_mask = torch.cat([prompt_mask, torch.ones(B, T_max, dtype=torch.bool, device=device)], dim=1)
-    # Prefill in row chunks of ~prefill_tokens prompt tokens: bounds the [rows, 1, P, P] mask and the MLP
-    # activations when prompts are long (4k-token prompts x 256 rows would need tens of GB at once).
-    rows = max(1, prefill_tokens // P)
-    last_hidden = [model.forward_hidden(prompt_ids[r : r + rows], attention_mask=prompt_mask[r : r + rows],
-                                        cache=KVCache(cache.k[:, r : r + rows], cache.v[:, r : r + rows]),
-                                        cache_pos=0)[:, -1] for r in range(0, B, rows)]
-    logits = F.linear(torch.cat(last_hidden), model.output_weight).float()  # [B, V]: only the last position
-
-    response_ids = torch.full((B, T_max), sampling.pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros(B, T_max, device=device)
-    cand_ids_out = torch.zeros(B, T_max, K, dtype=torch.long, device=device)
-    cand_weights_out = torch.zeros(B, T_max, K, device=device)
-    mixed_out = torch.zeros(B, T_max, dtype=torch.bool, device=device)
-    logits_out = torch.zeros(B, T_max, logits.shape[-1], device=device) if keep_logits else None
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    mixing_on = torch.ones(B, dtype=torch.bool, device=device)  # False once a row sampled stop_mixing_id
-    lengths = torch.zeros(B, dtype=torch.long, device=device)
-    unit = torch.zeros(B, K, device=device)
-    unit[:, 0] = 1.0  # the weights of a step that feeds its sampled token
-    cand_table = None if neighbor_table is None else candidate_table(neighbor_table, exploration.num_neighbors)
-    # The Bernoulli(mix_rate) coin of every (step, row), drawn up front: one kernel instead of two per step.
-    coins = torch.rand(T_max, B, device=device, generator=generator) < exploration.mix_rate  # [T_max, B]
-    step = DecodeStep(model, cache, key_mask, prompt_lens, P,
-                      cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
-    # Shown only when a rollout takes more than 2 s (long responses), and only when asked for.
-    bar = tqdm(total=T_max, desc="rollout", unit="tok", leave=False, delay=2, file=sys.stderr, disable=not progress)
-
-    for t in range(T_max):
-        if keep_logits:
-            logits_out[:, t] = logits
-        scores = filtered_logits(logits, tau, sampling.top_k, sampling.top_p)  # [B, V]
-        probs = scores.softmax(-1)
-        if greedy:
-            token = probs.argmax(-1)
-        else:  # argmax(p / q) with q ~ Exp(1) = -log U is an exact draw from p, with no host sync
-            token = (probs / torch.rand(probs.shape, device=device, generator=generator).log_().neg_()).argmax(-1)
-        active = ~finished
-        token = torch.where(active, token, sampling.pad_id)
-        response_ids[:, t] = token
-        # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
-        # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)
-        # would underflow.
-        logprobs[:, t] = torch.where(active, probs.gather(-1, token[:, None])[:, 0].log(), 0.0)
-        lengths += active
-        finished |= active & torch.isin(token, stop_ids)
-        if exploration.stop_mixing_id is not None:  # the step that samples it is not mixed either
-            mixing_on &= token != exploration.stop_mixing_id
-
-        if explore == "none":
-            cand_ids, cand_weights = token[:, None], unit
-        else:
-            if explore == "neighbor":
-                ids, weights = neighbor_candidates(probs, cand_table, temperature=tau, weights=exploration.weights)
-                mix = coins[t] & active & mixing_on
-            else:
-                ids, weights = soft_candidates(probs, exploration.top_k, exploration.mix_temperature)
-                mix = active & mixing_on
-                if explore == "gaussian":
-                    mix &= coins[t]
-            # An unmixed step records [y, y, ...] with weights [1, 0, ...]: it feeds exactly E[y].
-            cand_ids = torch.where(mix[:, None], ids, token[:, None])
-            cand_weights = torch.where(mix[:, None], weights, unit)
-            mixed_out[:, t] = mix
-        cand_ids_out[:, t], cand_weights_out[:, t] = cand_ids, cand_weights
-
-        if t == T_max - 1:
-            break
-        if (t + 1) % check_every == 0:
-            done = int(finished.sum())  # the loop's one host sync, every check_every steps
-            bar.update(check_every)
-            bar.set_postfix_str(f"{done}/{B} rows finished", refresh=False)
-            if done == B:
-                break
-        inputs = mixed_embeddings(embed, cand_ids, cand_weights)  # [B, d]
-        if explore == "gaussian":
-            rms = inputs.float().pow(2).mean(-1, keepdim=True).sqrt()
-            noise = torch.randn(inputs.shape, device=device, generator=generator) * exploration.noise_sigma * rms
-            inputs = torch.where(mix[:, None], inputs.float() + noise, inputs.float()).to(inputs.dtype)
-        logits = step(inputs[:, None], P + t)
-
-    bar.close()
-    T = int(lengths.max())  # trim to the longest response
-    return Rollout(
-        prompts=[list(p) for p in prompts], response_ids=response_ids[:, :T], lengths=lengths, finished=finished,
-        logprobs=logprobs[:, :T], cand_ids=cand_ids_out[:, :T], cand_weights=cand_weights_out[:, :T],
-        mixed=mixed_out[:, :T], logits=logits_out[:, :T] if keep_logits else None,
-    )

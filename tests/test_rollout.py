@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
-from rollout import Exploration, Sampling, filtered_logits, generate, mixing_candidates
+from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
 
 V = 97
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41]]
@@ -50,14 +50,13 @@ def test_greedy_equals_argmax_of_repeated_full_forwards(models):
 
 @torch.no_grad()
 def test_left_padding_changes_nothing(models):
-    _, ours = models
-    sampling = Sampling(temperature=1.0, max_new_tokens=12)
-    batch = generate(ours, PROMPTS, sampling, keep_logits=True, generator=seeded(0))
+    hf, ours = models
+    batch = generate(ours, PROMPTS, Sampling(temperature=1.0, max_new_tokens=12), generator=seeded(0))
     for row, prompt in enumerate(PROMPTS):
-        alone = generate(ours, [prompt], Sampling(temperature=0, max_new_tokens=12), keep_logits=True)
-        # Same inputs as the batch row (its sampled tokens fed back) would need the same draws; compare the
-        # first step's logits, and greedy continuations token for token.
-        assert (alone.logits[0, 0] - batch.logits[row, 0]).abs().max() < 1e-4
+        # The batch row's first step saw the logits of its prompt alone: its recorded log-prob is theirs.
+        alone = hf(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
+        token = int(batch.response_ids[row, 0])
+        assert abs(float(batch.logprobs[row, 0]) - float(alone[token])) < 1e-4
     greedy_batch = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=12))
     for row, prompt in enumerate(PROMPTS):
         alone = generate(ours, [prompt], Sampling(temperature=0, max_new_tokens=12))
@@ -68,11 +67,11 @@ def test_left_padding_changes_nothing(models):
 def test_prefill_in_row_chunks_changes_nothing(models):
     """Long prompts are prefilled a few rows at a time; every row's logits equal the one-chunk prefill's."""
     _, ours = models
-    kwargs = dict(sampling=Sampling(temperature=0.9, max_new_tokens=8), keep_logits=True)
-    whole = generate(ours, PROMPTS, generator=seeded(4), **kwargs)
-    chunked = generate(ours, PROMPTS, generator=seeded(4), prefill_tokens=8, **kwargs)  # P = 7: one row a chunk
+    sampling = Sampling(temperature=0.9, max_new_tokens=8)
+    whole = generate(ours, PROMPTS, sampling, generator=seeded(4))
+    chunked = generate(ours, PROMPTS, sampling, generator=seeded(4), prefill_tokens=8)  # P = 7: one row a chunk
     assert torch.equal(whole.response_ids, chunked.response_ids)
-    assert (whole.logits - chunked.logits).abs().max() < 1e-5
+    assert (whole.logprobs - chunked.logprobs).abs().max() < 1e-5
 
 
 def replay_logits(hf, rollout, row):
@@ -95,11 +94,16 @@ def replay_logits(hf, rollout, row):
 def test_replaying_the_recorded_mixtures_reproduces_every_step(models, exploration):
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration,
-                       neighbor_table=ring_table(V, 2), generator=seeded(1), keep_logits=True)
+                       neighbor_table=ring_table(V, 2), generator=seeded(1))
     assert rollout.mixed.any()
     for row in range(len(PROMPTS)):
         n = int(rollout.lengths[row])
-        assert (replay_logits(hf, rollout, row) - rollout.logits[row, :n]).abs().max() < 1e-4
+        replayed = replay_logits(hf, rollout, row)  # [n, V]
+        logp = (replayed / 0.8).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
+        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
+        # A mixed step's first candidate is the argmax of the distribution the replay gives.
+        mixed = rollout.mixed[row, :n]
+        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
 
 
 @torch.no_grad()
@@ -154,12 +158,12 @@ def test_top_k_and_top_p_filtering_by_hand():
 
 @torch.no_grad()
 def test_sampling_logprobs_are_temperature_scaled_and_filtered(models):
-    _, ours = models
-    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), generator=seeded(3),
-                       keep_logits=True)
+    hf, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), generator=seeded(3))
     for row in range(len(PROMPTS)):
+        logits = replay_logits(hf, rollout, row)  # no mixing: the full forward over prompt + response
         for t in range(int(rollout.lengths[row])):
-            z = rollout.logits[row, t] / 0.7
+            z = logits[t] / 0.7
             top = z.topk(5)
             token = int(rollout.response_ids[row, t])
             assert token in top.indices.tolist()  # sampled inside the top-k
@@ -227,11 +231,14 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
 def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models):
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration("gaussian", mix_rate=1.0, top_k=3),
-                       generator=seeded(9), keep_logits=True)
+                       generator=seeded(9))
     assert rollout.mixed.all()
     assert abs(float(rollout.cand_weights.sum(-1).mean()) - 1.0) < 1e-6
-    # The recorded noise-free mixture does not reproduce the second step: noise was fed.
-    assert (replay_logits(hf, rollout, 0)[1] - rollout.logits[0, 1]).abs().max() > 1e-3
+    # The recorded noise-free mixture reproduces the first step (the prompt alone) but not the later ones:
+    # noise was fed.
+    logp = replay_logits(hf, rollout, 0).log_softmax(-1).gather(-1, rollout.response_ids[0, :, None])[:, 0]
+    assert abs(float(logp[0] - rollout.logprobs[0, 0])) < 1e-4
+    assert (logp[1:] - rollout.logprobs[0, 1:]).abs().max() > 1e-3
 
 
 @torch.no_grad()
@@ -258,3 +265,22 @@ def test_neighbor_strategy_without_a_table_is_a_clear_error(models):
 def test_cuda_graph_on_a_cpu_model_is_a_clear_error(models):
     with pytest.raises(ValueError, match="CUDA device"):
         generate(models[1], PROMPTS, Sampling(max_new_tokens=4), cuda_graph=True)
+
+
+@torch.no_grad()
+def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(models):
+    _, ours = models
+    short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", top_k=2), generator=seeded(10))
+    long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", top_k=2), generator=seeded(11))
+    joined = Rollout.concat([short, long], pad_id=-1)
+    assert joined.prompts == PROMPTS and joined.response_ids.shape == (4, 7)
+    assert joined.responses() == short.responses() + long.responses()
+    assert (joined.response_ids[:2, 3:] == -1).all() and (joined.cand_ids[:2, 3:] == -1).all()
+    assert (joined.cand_weights[:2, 3:] == 0).all() and (joined.logprobs[:2, 3:] == 0).all()
+    assert not joined.mixed[:2, 3:].any() and joined.mixed[:2, :3].all()
+    picked = joined.select([3, 0, 3])
+    assert picked.prompts == [PROMPTS[3], PROMPTS[0], PROMPTS[3]]
+    assert picked.responses() == [long.responses()[1], short.responses()[0], long.responses()[1]]
+    for name in ("lengths", "finished", "logprobs", "cand_weights"):
+        assert torch.equal(getattr(picked, name)[0], getattr(long, name)[1]), name
+    assert torch.equal(picked.cand_ids[1, :3], short.cand_ids[0])
