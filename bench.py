@@ -371,7 +371,7 @@ def bench_rollout(args: argparse.Namespace) -> None:
     def ours(explore):
         exploration = Exploration(explore, mix_rate=0.1)
         return lambda: generate(model, prompts.tolist(), sampling, exploration, neighbor_table=table,
-                                generator=torch.Generator(device).manual_seed(0), cuda_graph=cuda_graph)
+                                seed=0, cuda_graph=cuda_graph)
 
     def theirs():
         ids = prompts.to(device)

@@ -220,8 +220,7 @@ def main(argv=None) -> dict:
                                                     sum(len(p) for _, p, _ in prompted) * args.n)
 
     def generate_fn(prompts, seed):
-        generator = torch.Generator(args.device).manual_seed(seed)
-        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator,
+        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
                            progress=True)
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))

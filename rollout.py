@@ -18,13 +18,14 @@ the loop syncs with the host only every `check_every` steps to see whether every
 """
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from draws import COIN, NOISE, TOKEN, RowDraws
 from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
 
@@ -185,11 +186,11 @@ class StepView:
     probs: torch.Tensor  # [B, V] the sampling distribution (temperature, top-k / top-p applied)
     token: torch.Tensor  # [B] the sampled action y
     eligible: torch.Tensor  # [B] bool: live rows that have not yet sampled stop_mixing_id
-    coin: torch.Tensor  # [B] uniform in [0, 1): the step's mixing coin is coin < mix_rate
+    coin: torch.Tensor  # [B] uniform in (0, 1): the step's mixing coin is coin < mix_rate
     temperature: float
     embed: torch.Tensor  # [V, d] the input embedding E
     cand_table: torch.Tensor | None  # [V, 1 + num_neighbors] (candidate_table), neighbor strategy only
-    normal: Callable[[int], torch.Tensor]  # normal(n) -> [B, n] standard normal draws of this step
+    draws: RowDraws  # this step's per-row random numbers; a strategy takes its own stream (draws.py)
 
 
 @dataclass
@@ -241,7 +242,7 @@ def explore_gaussian(view: StepView) -> Mixture:
                       view.eligible & (view.coin < x.mix_rate))
     inputs = clean.inputs.float()  # [B, d]
     rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()
-    noisy = inputs + view.normal(inputs.shape[1]) * x.noise_sigma * rms
+    noisy = inputs + view.draws.normal(NOISE, inputs.shape[1]) * x.noise_sigma * rms
     clean.inputs = torch.where(clean.mixed[:, None], noisy, inputs).to(clean.inputs.dtype)
     return clean
 
@@ -374,15 +375,24 @@ SYNC_EVERY = 8  # decode steps between the loop's host syncs (to see whether eve
 @torch.no_grad()
 @torch.autocast("cuda", enabled=False)  # the model's own dtype throughout, inside the CUDA graph too
 def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: Exploration = Exploration(), *,
-             neighbor_table: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             cuda_graph: bool | None = None, prefill_tokens: int = 16384, progress: bool = False) -> Rollout:
+             neighbor_table: torch.Tensor | None = None, seed: int | tuple[int, ...] = 0,
+             row_keys: Sequence[int] | None = None, cuda_graph: bool | None = None, prefill_tokens: int = 16384,
+             progress: bool = False) -> Rollout:
     """Sample one response per prompt (prompts of any lengths, left-padded into one batch).
+
+    Randomness: row i's response is a function of (seed, row_keys[i], the model) alone: every draw (the
+    token, the mixing coin, the noise) hashes them with the row's response position (draws.py), so it
+    does not depend on the batch, the slot or the order. row_keys: distinct ints, default 0..len-1
+    (callers pass e.g. a row's index among a training step's rows, or problem * n + sample).
 
     The model runs in its own dtype (autocast is off inside; on GPU pass a bf16 model). cuda_graph: replay
     the decode step from a CUDA graph (DecodeStep); None = whenever the model is on a CUDA device.
     prefill_tokens: prompt tokens (rows x the longest prompt) per prefill forward. progress: a tqdm bar on
     stderr (decoded steps, finished rows) for rollouts that last more than 2 s."""
     _check_arguments(model, prompts, exploration, neighbor_table, cuda_graph)
+    row_keys = range(len(prompts)) if row_keys is None else row_keys
+    if len(row_keys) != len(prompts) or len(set(row_keys)) != len(prompts):
+        raise ValueError(f"row_keys must be {len(prompts)} distinct ints, one per prompt")
     embed = model.embed_tokens.weight  # [V, d]: mixtures are always of input embeddings
     device = embed.device
     B, T_max, K = len(prompts), sampling.max_new_tokens, exploration.num_candidates
@@ -401,16 +411,15 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     mixing_on = torch.ones(B, dtype=torch.bool, device=device)  # False once a row sampled stop_mixing_id
     lengths = torch.zeros(B, dtype=torch.long, device=device)
-    # The mixing coin of every (step, row), drawn up front: one kernel instead of two per step.
-    coins = torch.rand(T_max, B, device=device, generator=generator)  # [T_max, B]
-    normal = lambda n: torch.randn(B, n, device=device, generator=generator)  # noqa: E731
+    keys = torch.tensor(list(row_keys), dtype=torch.long, device=device)  # [B]
     step = DecodeStep(model, cache, key_mask, prompt_mask.sum(-1), P,
                       cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
     bar = tqdm(total=T_max, desc="rollout", unit="tok", leave=False, delay=2, file=sys.stderr, disable=not progress)
 
     for t in range(T_max):
         probs = filtered_logits(logits, tau, sampling.top_k, sampling.top_p).softmax(-1)  # [B, V]
-        uniforms = None if greedy else torch.rand(probs.shape, device=device, generator=generator)
+        draws = RowDraws(seed, keys, lengths.clone())  # a live row's response position: its length so far
+        uniforms = None if greedy else draws.uniform(TOKEN, probs.shape[1])
         active = ~finished
         token = torch.where(active, sample_tokens(probs, uniforms), sampling.pad_id)  # [B]
         # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
@@ -421,8 +430,8 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
         finished |= active & torch.isin(token, stop_ids)
         if exploration.stop_mixing_id is not None:  # the step that samples it is not mixed either
             mixing_on &= token != exploration.stop_mixing_id
-        mixture = explore(StepView(exploration, probs, token, active & mixing_on, coins[t], tau, embed,
-                                   cand_table, normal))
+        mixture = explore(StepView(exploration, probs, token, active & mixing_on, draws.uniform(COIN, 1)[:, 0],
+                                   tau, embed, cand_table, draws))
         record.write(t, token, logprob, mixture)
         if t == T_max - 1:
             break

@@ -409,7 +409,9 @@ def run(cfg: Config) -> dict:
             sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
             per_call = cfg.rollout_batch_size or len(draw_rows)
             draw = join_rollouts([generate(sampler, [p["prompt_ids"] for p in draw_rows[start : start + per_call]],
-                                           sampling, exploration, neighbor_table=table, generator=generator,
+                                           sampling, exploration, neighbor_table=table,
+                                           seed=(cfg.seed, step, len(draws)),
+                                           row_keys=range(start, min(start + per_call, len(draw_rows))),
                                            progress=True)
                                   for start in range(0, len(draw_rows), per_call)], pad_id)
             rollout_s += time.perf_counter() - rollout_start

@@ -39,8 +39,6 @@ def models(tmp_path_factory):
 
 
 # fp32 matmuls stay full fp32 here: PyTorch's default leaves TF32 off for them.
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator("cuda").manual_seed(seed)
 
 
 @torch.no_grad()
@@ -51,8 +49,8 @@ def test_graphed_decode_equals_the_eager_decode(models, dtype):
     table = build_neighbor_table(ours.output_weight, 2)
     kwargs = dict(sampling=Sampling(temperature=0.8, max_new_tokens=40),
                   exploration=Exploration("neighbor", mix_rate=0.3, num_neighbors=2), neighbor_table=table)
-    graphed = generate(ours, PROMPTS, generator=seeded(3), cuda_graph=True, **kwargs)
-    eager = generate(ours, PROMPTS, generator=seeded(3), cuda_graph=False, **kwargs)
+    graphed = generate(ours, PROMPTS, seed=3, cuda_graph=True, **kwargs)
+    eager = generate(ours, PROMPTS, seed=3, cuda_graph=False, **kwargs)
     assert graphed.mixed.any()
     for name in ("response_ids", "lengths", "cand_ids", "mixed"):
         assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
@@ -79,7 +77,7 @@ def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
     _, ours = models
     table = build_neighbor_table(ours.output_weight, 1)
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, max_new_tokens=24),
-                       Exploration(strategy, mix_rate=0.5, top_k=4), neighbor_table=table, generator=seeded(5))
+                       Exploration(strategy, mix_rate=0.5, top_k=4), neighbor_table=table, seed=5)
     logp, _ = sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights, rollout.lengths,
                                 rollout.response_ids, temperature=0.7)
     mask = rollout.response_mask()

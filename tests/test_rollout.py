@@ -33,10 +33,6 @@ def ring_table(vocab: int, k: int) -> torch.Tensor:
     return (torch.arange(vocab)[:, None] + torch.arange(1, k + 1)[None]) % vocab
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 @torch.no_grad()
 def test_greedy_equals_argmax_of_repeated_full_forwards(models):
     hf, ours = models
@@ -51,7 +47,7 @@ def test_greedy_equals_argmax_of_repeated_full_forwards(models):
 @torch.no_grad()
 def test_left_padding_changes_nothing(models):
     hf, ours = models
-    batch = generate(ours, PROMPTS, Sampling(temperature=1.0, max_new_tokens=12), generator=seeded(0))
+    batch = generate(ours, PROMPTS, Sampling(temperature=1.0, max_new_tokens=12), seed=0)
     for row, prompt in enumerate(PROMPTS):
         # The batch row's first step saw the logits of its prompt alone: its recorded log-prob is theirs.
         alone = hf(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
@@ -68,8 +64,8 @@ def test_prefill_in_row_chunks_changes_nothing(models):
     """Long prompts are prefilled a few rows at a time; every row's logits equal the one-chunk prefill's."""
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=8)
-    whole = generate(ours, PROMPTS, sampling, generator=seeded(4))
-    chunked = generate(ours, PROMPTS, sampling, generator=seeded(4), prefill_tokens=8)  # P = 7: one row a chunk
+    whole = generate(ours, PROMPTS, sampling, seed=4)
+    chunked = generate(ours, PROMPTS, sampling, seed=4, prefill_tokens=8)  # P = 7: one row a chunk
     assert torch.equal(whole.response_ids, chunked.response_ids)
     assert (whole.logprobs - chunked.logprobs).abs().max() < 1e-5
 
@@ -94,7 +90,7 @@ def replay_logits(hf, rollout, row):
 def test_replaying_the_recorded_mixtures_reproduces_every_step(models, exploration):
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration,
-                       neighbor_table=ring_table(V, 2), generator=seeded(1))
+                       neighbor_table=ring_table(V, 2), seed=1)
     assert rollout.mixed.any()
     for row in range(len(PROMPTS)):
         n = int(rollout.lengths[row])
@@ -110,7 +106,7 @@ def test_replaying_the_recorded_mixtures_reproduces_every_step(models, explorati
 def test_unmixed_steps_record_the_sampled_token_with_weight_one(models):
     _, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=16), Exploration("neighbor", mix_rate=0.3),
-                       neighbor_table=ring_table(V, 1), generator=seeded(2))
+                       neighbor_table=ring_table(V, 1), seed=2)
     plain = ~rollout.mixed & (torch.arange(rollout.mixed.shape[1]) < rollout.lengths[:, None])
     assert torch.equal(rollout.cand_ids[..., 0][plain], rollout.response_ids[plain])
     assert torch.equal(rollout.cand_weights[plain], torch.tensor([1.0, 0.0]).expand(int(plain.sum()), 2))
@@ -159,7 +155,7 @@ def test_top_k_and_top_p_filtering_by_hand():
 @torch.no_grad()
 def test_sampling_logprobs_are_temperature_scaled_and_filtered(models):
     hf, ours = models
-    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), generator=seeded(3))
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), seed=3)
     for row in range(len(PROMPTS)):
         logits = replay_logits(hf, rollout, row)  # no mixing: the full forward over prompt + response
         for t in range(int(rollout.lengths[row])):
@@ -176,7 +172,7 @@ def test_realised_mix_rate_is_within_three_standard_errors(models):
     _, ours = models
     rate = 0.1
     rollout = generate(ours, PROMPTS * 16, Sampling(max_new_tokens=64), Exploration("neighbor", mix_rate=rate),
-                       neighbor_table=ring_table(V, 1), generator=seeded(4))
+                       neighbor_table=ring_table(V, 1), seed=4)
     n = int(rollout.lengths.sum())  # no stop ids: every step of every row is eligible
     assert n == 64 * 64
     se = math.sqrt(rate * (1 - rate) / n)
@@ -187,12 +183,12 @@ def test_realised_mix_rate_is_within_three_standard_errors(models):
 def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
     _, ours = models
     sampling = Sampling(max_new_tokens=40)
-    first = generate(ours, PROMPTS * 4, sampling, generator=seeded(5))
+    first = generate(ours, PROMPTS * 4, sampling, seed=5)
     stop_mixing = int(first.response_ids.flatten().mode().values)  # a token that does come up
     for exploration in (Exploration("neighbor", mix_rate=0.5, stop_mixing_id=stop_mixing),
                         Exploration("soft", top_k=3, stop_mixing_id=stop_mixing)):
         rollout = generate(ours, PROMPTS * 4, sampling, exploration, neighbor_table=ring_table(V, 1),
-                           generator=seeded(5))
+                           seed=5)
         rows_with_stop = 0
         for row in range(rollout.response_ids.shape[0]):
             hits = (rollout.response_ids[row] == stop_mixing).nonzero()
@@ -209,7 +205,7 @@ def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
 def test_none_never_mixes(models):
     _, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=30), Exploration("none", mix_rate=1.0),
-                       generator=seeded(6))
+                       seed=6)
     assert not rollout.mixed.any()
     assert rollout.cand_ids.shape[-1] == 1
 
@@ -220,7 +216,7 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
     _, ours = models
     exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
     run = lambda seed: generate(ours, PROMPTS, Sampling(max_new_tokens=20), exploration,
-                                neighbor_table=ring_table(V, 1), generator=seeded(seed))
+                                neighbor_table=ring_table(V, 1), seed=seed)
     a, b, c = run(7), run(7), run(8)
     for field in ("response_ids", "lengths", "logprobs", "cand_ids", "cand_weights", "mixed"):
         assert torch.equal(getattr(a, field), getattr(b, field))
@@ -231,7 +227,7 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
 def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models):
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration("gaussian", mix_rate=1.0, top_k=3),
-                       generator=seeded(9))
+                       seed=9)
     assert rollout.mixed.all()
     assert abs(float(rollout.cand_weights.sum(-1).mean()) - 1.0) < 1e-6
     # The recorded noise-free mixture reproduces the first step (the prompt alone) but not the later ones:
@@ -270,8 +266,8 @@ def test_cuda_graph_on_a_cpu_model_is_a_clear_error(models):
 @torch.no_grad()
 def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(models):
     _, ours = models
-    short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", top_k=2), generator=seeded(10))
-    long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", top_k=2), generator=seeded(11))
+    short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", top_k=2), seed=10)
+    long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", top_k=2), seed=11)
     joined = Rollout.concat([short, long], pad_id=-1)
     assert joined.prompts == PROMPTS and joined.response_ids.shape == (4, 7)
     assert joined.responses() == short.responses() + long.responses()
@@ -284,3 +280,30 @@ def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(mode
     for name in ("lengths", "finished", "logprobs", "cand_weights"):
         assert torch.equal(getattr(picked, name)[0], getattr(long, name)[1]), name
     assert torch.equal(picked.cand_ids[1, :3], short.cand_ids[0])
+
+
+def assert_same_rows(a: Rollout, b: Rollout, rows_of_b: list[int]) -> None:
+    """Row i of a equals row rows_of_b[i] of b: tokens, lengths and records exactly, log-probs to fp32 noise."""
+    b = b.select(rows_of_b)
+    assert a.prompts == b.prompts
+    assert a.responses() == b.responses() and torch.equal(a.finished, b.finished)
+    mask = a.response_mask()
+    for name in ("cand_ids", "mixed"):
+        assert torch.equal(getattr(a, name)[mask], getattr(b, name)[mask]), name
+    for name in ("logprobs", "cand_weights"):
+        assert (getattr(a, name)[mask] - getattr(b, name)[mask]).abs().max() < 1e-5, name
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian"])
+def test_a_rows_sample_depends_on_its_key_not_its_batch_or_order(models, strategy):
+    _, ours = models
+    sampling = Sampling(temperature=0.9, max_new_tokens=14)
+    run = lambda prompts, keys: generate(ours, prompts, sampling, Exploration(strategy, mix_rate=0.5, top_k=3),
+                                         neighbor_table=ring_table(V, 1), seed=3, row_keys=keys)
+    together = run(PROMPTS, None)
+    order = [2, 0, 3, 1]
+    assert_same_rows(run([PROMPTS[i] for i in order], order), together, order)
+    for row, prompt in enumerate(PROMPTS):
+        assert_same_rows(run([prompt], [row]), together, [row])
+    assert together.mixed.any() or strategy == "none"
