@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
+import rollout
 from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
 
 V = 97
@@ -60,12 +61,13 @@ def test_left_padding_changes_nothing(models):
 
 
 @torch.no_grad()
-def test_prefill_in_row_chunks_changes_nothing(models):
-    """Long prompts are prefilled a few rows at a time; every row's logits equal the one-chunk prefill's."""
+def test_prefill_in_row_chunks_changes_nothing(models, monkeypatch):
+    """Long prompts are prefilled a few rows at a time; every row's result equals the one-chunk prefill's."""
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=8)
     whole = generate(ours, PROMPTS, sampling, seed=4)
-    chunked = generate(ours, PROMPTS, sampling, seed=4, prefill_tokens=8)  # P = 7: one row a chunk
+    monkeypatch.setattr(rollout, "PREFILL_TOKENS", 8)  # the longest prompt has 7 tokens: one row a chunk
+    chunked = generate(ours, PROMPTS, sampling, seed=4)
     assert torch.equal(whole.response_ids, chunked.response_ids)
     assert (whole.logprobs - chunked.logprobs).abs().max() < 1e-5
 
@@ -283,27 +285,69 @@ def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(mode
 
 
 def assert_same_rows(a: Rollout, b: Rollout, rows_of_b: list[int]) -> None:
-    """Row i of a equals row rows_of_b[i] of b: tokens, lengths and records exactly, log-probs to fp32 noise."""
+    """Row i of a equals row rows_of_b[i] of b: tokens, lengths and records exactly; log-probs and weights to
+    fp32 noise (other batch shapes round differently, and fed-back mixtures carry it from step to step)."""
     b = b.select(rows_of_b)
     assert a.prompts == b.prompts
     assert a.responses() == b.responses() and torch.equal(a.finished, b.finished)
-    mask = a.response_mask()
+    mask_a, mask_b = a.response_mask(), b.response_mask()  # the same lengths; the widths may differ
     for name in ("cand_ids", "mixed"):
-        assert torch.equal(getattr(a, name)[mask], getattr(b, name)[mask]), name
+        assert torch.equal(getattr(a, name)[mask_a], getattr(b, name)[mask_b]), name
     for name in ("logprobs", "cand_weights"):
-        assert (getattr(a, name)[mask] - getattr(b, name)[mask]).abs().max() < 1e-5, name
+        assert (getattr(a, name)[mask_a] - getattr(b, name)[mask_b]).abs().max() < 1e-3, name
+
+
+# Eight rows for refill: with stop ids STOPS (tokens this model produces often) greedy rows end after
+# 1 to 9 tokens or run to the limit, so slots free up at different steps.
+MORE_PROMPTS = PROMPTS + [[1, 2], [50, 60, 70, 80, 90, 10, 20, 30, 40], [8], [33, 34, 35]]
+STOPS = (79, 7)
+
+
+@torch.no_grad()
+def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
+    """Rows > slots: each row, whichever slot and whichever row held it before, is its own greedy path."""
+    hf, ours = models
+    refilled = generate(ours, MORE_PROMPTS, Sampling(temperature=0, max_new_tokens=24, stop_ids=STOPS), slots=3)
+    assert len(set(refilled.lengths.tolist())) >= 5 and 0 < int(refilled.finished.sum()) < len(MORE_PROMPTS)
+    for row, prompt in enumerate(MORE_PROMPTS):
+        sequence = list(prompt)
+        while len(sequence) - len(prompt) < 24 and sequence[-1] not in STOPS or len(sequence) == len(prompt):
+            sequence.append(int(hf(torch.tensor([sequence])).logits[0, -1].argmax()))
+        assert refilled.responses()[row] == sequence[len(prompt):]
+        assert bool(refilled.finished[row]) == (sequence[-1] in STOPS)
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian"])
-def test_a_rows_sample_depends_on_its_key_not_its_batch_or_order(models, strategy):
+def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
     _, ours = models
-    sampling = Sampling(temperature=0.9, max_new_tokens=14)
-    run = lambda prompts, keys: generate(ours, prompts, sampling, Exploration(strategy, mix_rate=0.5, top_k=3),
-                                         neighbor_table=ring_table(V, 1), seed=3, row_keys=keys)
-    together = run(PROMPTS, None)
-    order = [2, 0, 3, 1]
-    assert_same_rows(run([PROMPTS[i] for i in order], order), together, order)
-    for row, prompt in enumerate(PROMPTS):
-        assert_same_rows(run([prompt], [row]), together, [row])
+    sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)
+    run = lambda prompts, keys, **kw: generate(ours, prompts, sampling, Exploration(strategy, mix_rate=0.5, top_k=3),
+                                               neighbor_table=ring_table(V, 1), seed=3, row_keys=keys, **kw)
+    together = run(MORE_PROMPTS, None)
+    assert len(set(together.lengths.tolist())) >= 3
     assert together.mixed.any() or strategy == "none"
+    for slots in (1, 3):
+        assert_same_rows(run(MORE_PROMPTS, None, slots=slots), together, list(range(len(MORE_PROMPTS))))
+    assert_same_rows(run(MORE_PROMPTS, None, slots=3, refill=False), together, list(range(len(MORE_PROMPTS))))
+    order = [5, 2, 7, 0, 3, 6, 1, 4]
+    assert_same_rows(run([MORE_PROMPTS[i] for i in order], order, slots=3), together, order)
+    assert_same_rows(run([MORE_PROMPTS[4]], [4]), together, [4])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("exploration", [Exploration("neighbor", mix_rate=0.5, num_neighbors=2),
+                                         Exploration("soft", top_k=4)], ids=["neighbor", "soft"])
+def test_replaying_refilled_rows_reproduces_every_step(models, exploration):
+    """Two slots for eight rows: every row after the second decodes in a slot another row used."""
+    hf, ours = models
+    rollout = generate(ours, MORE_PROMPTS, Sampling(temperature=0.8, max_new_tokens=16, stop_ids=STOPS),
+                       exploration, neighbor_table=ring_table(V, 2), seed=5, slots=2)
+    assert rollout.mixed.any() and len(set(rollout.lengths.tolist())) >= 3
+    for row in range(len(MORE_PROMPTS)):
+        n = int(rollout.lengths[row])
+        replayed = replay_logits(hf, rollout, row)  # [n, V]
+        logp = (replayed / 0.8).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
+        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
+        mixed = rollout.mixed[row, :n]
+        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
