@@ -8,7 +8,7 @@ same whichever batch, slot or GPU produced it. It needs no state, no host sync, 
 graph (pure tensor ops).
 
     draws = RowDraws(seed=(run_seed, step), row_keys=keys, positions=t)   # keys, t: [B] int64
-    u = draws.uniform(TOKEN, V)        # [B, V] float64 in (0, 1)
+    u = draws.uniform(TOKEN, 1)        # [B, 1] float64 in (0, 1)
     z = draws.normal(NOISE, d)         # [B, d] float32 standard normal
 
 The hash is splitmix64 (Steele, Lea, Flood 2014): a stream's state is the mix of (seed, stream, row key,

@@ -430,12 +430,17 @@ class Schedule:
         return attention_window(needed + 1, max_len)
 
 
-def sample_tokens(probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
-    """One token per row from p [B, V]: argmax p (greedy) when uniforms is None, else argmax(p / q) with
-    q = -log U ~ Exp(1), U [B, V] in (0, 1): an exact draw from p (the exponential race) with no host sync."""
-    if uniforms is None:
+def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor | None) -> torch.Tensor:
+    """One token per row from p [B, V]: argmax p (greedy) when uniform is None, else the inverse CDF at
+    uniform [B] (float64 in (0, 1)): the token whose interval of the cumulative sum of p holds u * sum p.
+    The sum runs in float64, so every token with p > 0 keeps an interval of its exact width to ~1e-16 and
+    a filtered-out token (p = 0) has none. One uniform per row: no [B, V] of random numbers to make."""
+    if uniform is None:
         return probs.argmax(-1)
-    return (probs / uniforms.log().neg()).argmax(-1)
+    cdf = probs.double().cumsum(-1)  # [B, V]
+    total = cdf[:, -1:]
+    target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))  # < total
+    return torch.searchsorted(cdf, target, right=True)[:, 0]  # the first token whose cdf exceeds target
 
 
 @dataclass
@@ -511,7 +516,7 @@ class Sampler:
         live = state.live(record.spare_row, s.max_new_tokens)
         probs = filtered_logits(logits, tau, s.top_k, s.top_p).softmax(-1)  # [S, V]
         draws = RowDraws(self.seed, self.row_keys[state.row], state.length.clone())
-        token = sample_tokens(probs, None if greedy else draws.uniform(TOKEN, probs.shape[1]))
+        token = sample_tokens(probs, None if greedy else draws.uniform(TOKEN, 1)[:, 0])
         token = torch.where(live, token, s.pad_id)  # [S]
         # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
         # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)

@@ -1,5 +1,5 @@
 """draws.py: the counter-based hash against a pure-Python splitmix64, and the distributions it gives
-(uniforms, normals, and the exponential-race token draw of rollout.sample_tokens) against their targets."""
+(uniforms, normals, and the inverse-CDF token draw of rollout.sample_tokens) against their targets."""
 
 import math
 
@@ -58,12 +58,12 @@ def test_normals_have_mean_0_and_variance_1():
     assert abs(float((z > 1.96).double().mean()) - 0.025) < 0.001
 
 
-def test_exponential_race_draws_follow_p_down_to_tiny_probabilities():
+def test_token_draws_follow_p_down_to_tiny_probabilities():
     """200k draws from p with a 2e-4 token: the counts pass a chi-square test against p."""
     p = torch.tensor([0.5, 0.3, 0.15, 0.0498, 2e-4], dtype=torch.float32)
     n = 200_000
     draws = RowDraws(7, torch.arange(n), torch.full((n,), 3))
-    tokens = sample_tokens(p.expand(n, -1), draws.uniform(TOKEN, 5))
+    tokens = sample_tokens(p.expand(n, -1), draws.uniform(TOKEN, 1)[:, 0])
     counts = torch.bincount(tokens, minlength=5).double()
     expected = n * p.double()
     chi2 = float(((counts - expected) ** 2 / expected).sum())
@@ -81,3 +81,9 @@ def test_rows_positions_streams_and_seeds_draw_independently():
     # A row's draws do not depend on the other rows beside it.
     assert torch.equal(RowDraws(0, keys[1:2], positions[1:2]).bits(TOKEN, 8), base[1:2])
     assert math.isfinite(float(RowDraws(0, keys, positions).normal(NOISE, 4).sum()))
+
+
+def test_a_token_of_probability_0_is_never_drawn_even_at_the_extreme_uniforms():
+    p = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]]).expand(3, -1)
+    uniforms = bits_to_uniform(torch.tensor([0, -1, 2**62]))  # the smallest, the largest, and 0.25
+    assert sample_tokens(p, uniforms).tolist() == [1, 3, 1]
