@@ -423,6 +423,12 @@ class Schedule:
     def done(self) -> bool:
         return not self.waiting and all(row is None for row in self.rows)
 
+    def steps_to_sync(self) -> int:
+        """SYNC_EVERY, or fewer when every row reaches max_new_tokens sooner: no step runs past that."""
+        left = max(self.max_new_tokens - (self.step - since) for row, since in zip(self.rows, self.since)
+                   if row is not None)
+        return max(1, min(SYNC_EVERY, left))
+
     def window(self, max_len: int) -> int:
         """This step writes each row at prompt_len + length, and length <= the steps since admission."""
         needed = max(self.prompt_lens[row] + min(self.step - since, self.max_new_tokens)
@@ -582,7 +588,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
                        torch.tensor([len(p) for p in prompts_in], device=device))
         if schedule.done():
             break
-        for _ in range(SYNC_EVERY):
+        for _ in range(schedule.steps_to_sync()):
             inputs, positions = sampler(logits, state, record)
             logits = step(inputs, positions, schedule.window(cache.max_len))
             schedule.step += 1
