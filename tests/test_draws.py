@@ -75,8 +75,9 @@ def test_rows_positions_streams_and_seeds_draw_independently():
     keys, positions = torch.arange(3), torch.tensor([4, 4, 4])
     base = RowDraws(0, keys, positions).bits(TOKEN, 8)
     assert len(set(base.flatten().tolist())) == 24
-    for other in (RowDraws(1, keys, positions).bits(TOKEN, 8), RowDraws(0, keys, positions + 1).bits(TOKEN, 8),
-                  RowDraws(0, keys, positions).bits(COIN, 8), RowDraws(0, keys + 3, positions).bits(TOKEN, 8)):
+    others = (RowDraws(1, keys, positions).bits(TOKEN, 8), RowDraws(0, keys, positions + 1).bits(TOKEN, 8),
+              RowDraws(0, keys, positions).bits(COIN, 8), RowDraws(0, keys + 3, positions).bits(TOKEN, 8))
+    for other in others:
         assert not (other == base).any()
     # A row's draws do not depend on the other rows beside it.
     assert torch.equal(RowDraws(0, keys[1:2], positions[1:2]).bits(TOKEN, 8), base[1:2])

@@ -307,7 +307,8 @@ STOPS = (79, 7)
 def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
     """Rows > slots: each row, whichever slot and whichever row held it before, is its own greedy path."""
     hf, ours = models
-    refilled = generate(ours, MORE_PROMPTS, Sampling(temperature=0, max_new_tokens=24, stop_ids=STOPS), slots=3)
+    sampling = Sampling(temperature=0, max_new_tokens=24, stop_ids=STOPS)
+    refilled = generate(ours, MORE_PROMPTS, sampling, slots=3)
     assert len(set(refilled.lengths.tolist())) >= 5 and 0 < int(refilled.finished.sum()) < len(MORE_PROMPTS)
     for row, prompt in enumerate(MORE_PROMPTS):
         sequence = list(prompt)
@@ -322,7 +323,8 @@ def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
 def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)
-    run = lambda prompts, keys, **kw: generate(ours, prompts, sampling, Exploration(strategy, mix_rate=0.5, top_k=3),
+    exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
+    run = lambda prompts, keys, **kw: generate(ours, prompts, sampling, exploration,  # noqa: E731
                                                neighbor_table=ring_table(V, 1), seed=3, row_keys=keys, **kw)
     together = run(MORE_PROMPTS, None)
     assert len(set(together.lengths.tolist())) >= 3
