@@ -81,9 +81,7 @@ def sampler_fn(model, tokenizer, sampling, exploration, table=None):
     from rollout import generate
 
     def generate_fn(prompts, seed):
-        generator = torch.Generator(model.embed_tokens.weight.device).manual_seed(seed)
-        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator,
-                           progress=True)
+        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed, progress=True)
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 

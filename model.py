@@ -183,15 +183,20 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     [B, 1, T, S] (True = may attend). Returns [B, H, T, D]."""
     B, H, T, D = q.shape
     groups = H // k.shape[1]
-    if mask is not None and T == 1:
+    if mask is None:
+        # Causal (training, prefill): the flash kernels (CPU and CUDA) read each KV head for its `groups`
+        # query heads in place, where repeat_interleave would copy K and V `groups` times (6x for
+        # R1-Distill-1.5B: ~0.4 GB per layer at 8k tokens x batch 4 in bf16).
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups > 1)
+    if T == 1:
         # One decode step: fold the query heads of each KV group into the query axis, so the cache is
         # read as it is instead of copied `groups` times. Head h uses KV head h // groups, as in HF.
         out = F.scaled_dot_product_attention(q.view(B, -1, groups, D), k, v, attn_mask=mask)
         return out.view(B, H, 1, D)
+    # A masked block of queries (left-padded batches): the kernels that take a mask do not all take
+    # grouped heads, so K and V are expanded here.
     k = k.repeat_interleave(groups, dim=1)
     v = v.repeat_interleave(groups, dim=1)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -207,7 +212,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+    def forward(self, x, cos, sin, mask, kv=None, slots=None, window=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
@@ -219,10 +224,15 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # [B, H, T, D]
         k = k * cos + rotate_half(k) * sin  # [B, Hkv, T, D]
         if kv is not None:
-            k_cache, v_cache = kv  # [B, Hkv, max_len, D]; attend to the first S slots the mask covers
-            k_cache.index_copy_(2, slots, k)
-            v_cache.index_copy_(2, slots, v)
-            k, v = k_cache[:, :, : mask.shape[-1]], v_cache[:, :, : mask.shape[-1]]
+            k_cache, v_cache = kv  # [B, Hkv, max_len, D]; attend to the first `window` slots
+            if slots.dim() == 1:  # [T]: the same slots in every row
+                k_cache.index_copy_(2, slots, k)
+                v_cache.index_copy_(2, slots, v)
+            else:  # [B, T]: each row writes its own slots
+                index = slots[:, None, :, None].expand(B, self.num_kv_heads, T, self.head_dim)
+                k_cache.scatter_(2, index, k)
+                v_cache.scatter_(2, index, v)
+            k, v = k_cache[:, :, :window], v_cache[:, :, :window]
         out = attend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -246,8 +256,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
+    def forward(self, x, cos, sin, mask, kv=None, slots=None, window=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots, window)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -304,6 +314,7 @@ class Transformer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         cache_pos: int | torch.Tensor = 0,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Final-norm hidden states [B, T, d], for callers that project to the vocabulary in chunks.
 
@@ -313,6 +324,11 @@ class Transformer(nn.Module):
             shapes fixed, e.g. for a CUDA graph). None: every position is real.
         positions [B, T]: RoPE positions. Default: count of real tokens before each one (left padding).
         cache, cache_pos: write the T inputs into slots cache_pos..cache_pos+T-1 and attend over the cache.
+            cache_pos 0 with no attention_mask (a prefill into an empty cache) is plain causal attention
+            over the T inputs, with no mask tensor.
+        cache_pos [B] (per-row slots, no attention_mask): row b writes at cache_pos[b].. and attends to its
+            slots 0..cache_pos[b]+t, all real (rows are not padded), within the first `window` slots
+            (default max_len): a caller that knows every row's position is below W reads only W slots.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -321,7 +337,17 @@ class Transformer(nn.Module):
         device = x.device
         slots = cache_pos + torch.arange(T, device=device)  # [T] cache slot (or sequence index) of each input
         mask = None  # None = plain causal over the T inputs: the fast path for full-sequence training
-        if cache is not None or attention_mask is not None:
+        prefill = cache is not None and attention_mask is None and isinstance(cache_pos, int) and cache_pos == 0
+        if torch.is_tensor(cache_pos) and cache_pos.dim() == 1:  # per-row slots [B]
+            if attention_mask is not None:
+                raise ValueError("per-row cache_pos takes no attention_mask: every slot below a row's is real")
+            window = window or cache.max_len
+            slots = cache_pos[:, None] + torch.arange(T, device=device)  # [B, T]
+            mask = (torch.arange(window, device=device) <= slots[..., None])[:, None]  # [B, 1, T, window]
+            positions = slots if positions is None else positions
+        elif prefill:
+            window = T
+        elif cache is not None or attention_mask is not None:
             if attention_mask is None:
                 S = cache_pos + T if isinstance(cache_pos, int) else cache.max_len
                 attention_mask = torch.ones(B, S, dtype=torch.bool, device=device)
@@ -330,6 +356,7 @@ class Transformer(nn.Module):
             mask = causal & attention_mask.bool()[:, None, :]  # [B, T, S]
             # A padding query sees no real key; letting it see itself keeps its row finite (it is unused).
             mask = (mask | (key_slots[None, :] == slots[:, None]))[:, None]  # [B, 1, T, S]
+            window = attention_mask.shape[1]
         if positions is None:
             if attention_mask is None:
                 positions = slots.expand(B, T)
@@ -343,9 +370,9 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, mask, kv, slots, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, kv, slots, window, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, kv, slots)
+                x = layer(x, cos, sin, mask, kv, slots, window)
         return self.norm(x)
 
 

@@ -25,9 +25,14 @@ def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_we
     """sum_c w_c E[c] over the last axis: [..., K] ids and weights -> [..., d] in the embedding's dtype.
 
     A step that was not mixed holds ([y, y, ...], [1, 0, ...]) and gives exactly E[y]: 1·x and 0·x are
-    exact and so is their sum. The sum runs in fp32 so that a bf16 sampler and an fp32 replay round once."""
-    rows = embed_weight[cand_ids]  # [..., K, d]
-    mixed = (cand_weights.unsqueeze(-1).float() * rows.float()).sum(-2)  # [..., d]
+    exact and so is their sum. The sum runs in fp32 so that a bf16 sampler and an fp32 replay round once.
+    One candidate at a time: a [..., K, d] gather would hold K embeddings per position at once (K = 10 for
+    soft / gaussian: ~2 GB for 4 rows of 8k tokens at d = 1536)."""
+    mixed = None
+    for k in range(cand_ids.shape[-1]):
+        rows = F.embedding(cand_ids[..., k], embed_weight)  # [..., d]
+        term = cand_weights[..., k, None].float() * rows.float()
+        mixed = term if mixed is None else mixed + term
     return mixed.to(embed_weight.dtype)
 
 

@@ -59,7 +59,6 @@ class Run:
     problems: list[dict]
     held_out: list[dict]
     batcher: PromptBatcher
-    generator: torch.Generator
     pool: RewardPool
     sampling: Sampling
     exploration: object  # rollout.Exploration
@@ -129,7 +128,7 @@ def run(cfg: Config) -> dict:
             if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step \
                     and step % cfg.neighbor_refresh == 0:
                 r.table = table_for(r.sampler, cfg, cache_dir=out_dir / "neighbors")
-            groups = collect_groups(r)
+            groups = collect_groups(r, step)
             update_start = time.perf_counter()
             result, skipped, logp_gap = ({}, 0, torch.zeros(0)) if not len(groups.trained.prompts) else \
                 update(r.policy, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg)
@@ -157,8 +156,8 @@ def run(cfg: Config) -> dict:
     return finish(r, metrics_path)
 
 
-def collect_groups(r: Run) -> Groups:
-    """Draws a batch of prompts, samples G responses for each (in calls of --rollout-batch-size rows) and
+def collect_groups(r: Run, step: int) -> Groups:
+    """Draws a batch of prompts, samples G responses for each (--rollout-batch-size rows at a time) and
     scores them; with --refill draws more batches until prompts_per_step groups carry a learning signal
     (or --max-refill-draws is reached). Then keeps the groups --filter-groups keeps, at most prompts_per_step."""
     cfg = r.cfg
@@ -167,11 +166,12 @@ def collect_groups(r: Run) -> Groups:
         batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
         start = time.perf_counter()
         r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
-        per_call = cfg.rollout_batch_size or len(batch_rows)
-        rollout = Rollout.concat([
-            generate(r.sampler, [p["prompt_ids"] for p in batch_rows[i : i + per_call]], r.sampling, r.exploration,
-                     neighbor_table=r.table, generator=r.generator, progress=True)
-            for i in range(0, len(batch_rows), per_call)], r.sampling.pad_id)
+        # --rollout-batch-size rows decode at once; a finished row's slot takes the next waiting row. Every draw
+        # is keyed by (seed, step, draw, row): a row's response depends neither on its slot and batch-mates nor
+        # on the process that decodes it.
+        rollout = generate(r.sampler, [p["prompt_ids"] for p in batch_rows], r.sampling, r.exploration,
+                           neighbor_table=r.table, seed=(cfg.seed, step, len(rollouts)),
+                           slots=cfg.rollout_batch_size or None, progress=True)
         rollout_s += time.perf_counter() - start
         batch_texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
         start = time.perf_counter()
@@ -549,8 +549,7 @@ def setup(cfg: Config, out_dir: Path) -> Run:
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
     return Run(cfg, out_dir, device, tokenizer, policy, policy, optimizer, problems, held_out,
-               PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed),
-               torch.Generator(device).manual_seed(cfg.seed), pool, sampling, exploration,
+               PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed), pool, sampling, exploration,
                val_sets=val_sets, tracker=tracker, summary={"prompts": len(problems), "prompts_dropped": dropped})
 
 
@@ -601,7 +600,7 @@ def save_checkpoint(r: Run, step: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
     save_model(r.policy, tmp, r.tokenizer)
     torch.save({"step": step, "optimizer": r.optimizer.state_dict(), "batcher": r.batcher.state_dict(),
-                "generator": r.generator.get_state(), "torch_rng": torch.get_rng_state(),
+                "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate(), "neighbor_table": r.table}, tmp / "trainer_state.pt")
     r.cfg.save_json(tmp / "config.json.run")
     os.replace(tmp, root / f"step-{step}")
@@ -617,7 +616,6 @@ def restore_checkpoint(r: Run) -> int:
     r.policy.load_state_dict(load_model(str(latest), dtype=torch.float32, device=r.device).state_dict())
     r.optimizer.load_state_dict(state["optimizer"])
     r.batcher.load_state_dict(state["batcher"])
-    r.generator.set_state(state["generator"].cpu())  # a generator's state is a CPU byte tensor, CUDA's too
     torch.set_rng_state(state["torch_rng"].cpu())
     random.setstate(state["python_rng"])
     print(f"resumed from {latest} (step {state['step']})", file=sys.stderr)

@@ -174,6 +174,29 @@ def test_fixed_shape_decode_step_matches_full_forward(pair):
 
 
 @torch.no_grad()
+def test_per_row_cache_positions_match_each_rows_full_forward(pair):
+    """The refill engine's step: unpadded rows of different lengths, each prefilled into its own slot
+    (right-padded, causal), then decoding at its own position over a window of the cache. Slots past a
+    row's position hold stale values (here: noise) that must not matter."""
+    hf, ours, _ = pair
+    g = torch.Generator().manual_seed(12)
+    lengths, steps, max_len = [2, 5, 3], 4, 16  # positions stay below the window of 12
+    rows = [torch.randint(0, 101, (n + steps,), generator=g) for n in lengths]
+    cache = ours.new_cache(len(rows), max_len)
+    cache.k.normal_(generator=g), cache.v.normal_(generator=g)
+    width = max(lengths)
+    prompt_ids = torch.stack([torch.cat([r[:n], r.new_zeros(width - n)]) for r, n in zip(rows, lengths)])
+    ours.forward_hidden(prompt_ids, cache=cache, cache_pos=0)  # right padding: causal is exact for real tokens
+    for t in range(steps):
+        positions = torch.tensor(lengths) + t  # [B]: where each row's next token goes
+        step_ids = torch.stack([r[n + t] for r, n in zip(rows, lengths)])[:, None]
+        logits = ours(step_ids, positions=positions[:, None], cache=cache, cache_pos=positions, window=12)
+        for b, (row, n) in enumerate(zip(rows, lengths)):
+            expected = hf(row[None, : n + t + 1]).logits[0, -1]
+            assert (logits[b, 0] - expected).abs().max() < TOL
+
+
+@torch.no_grad()
 def test_other_transformers_config_spelling_loads_the_same(pair, tmp_path):
     """config.json in the other major version's spelling (4.x: rope_theta / rope_scaling; 5.x: rope_parameters)
     gives the same model."""

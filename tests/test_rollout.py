@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
-from rollout import Exploration, Sampling, filtered_logits, generate, mixing_candidates
+import rollout
+from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
 
 V = 97
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41]]
@@ -33,10 +34,6 @@ def ring_table(vocab: int, k: int) -> torch.Tensor:
     return (torch.arange(vocab)[:, None] + torch.arange(1, k + 1)[None]) % vocab
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 @torch.no_grad()
 def test_greedy_equals_argmax_of_repeated_full_forwards(models):
     hf, ours = models
@@ -50,14 +47,13 @@ def test_greedy_equals_argmax_of_repeated_full_forwards(models):
 
 @torch.no_grad()
 def test_left_padding_changes_nothing(models):
-    _, ours = models
-    sampling = Sampling(temperature=1.0, max_new_tokens=12)
-    batch = generate(ours, PROMPTS, sampling, keep_logits=True, generator=seeded(0))
+    hf, ours = models
+    batch = generate(ours, PROMPTS, Sampling(temperature=1.0, max_new_tokens=12), seed=0)
     for row, prompt in enumerate(PROMPTS):
-        alone = generate(ours, [prompt], Sampling(temperature=0, max_new_tokens=12), keep_logits=True)
-        # Same inputs as the batch row (its sampled tokens fed back) would need the same draws; compare the
-        # first step's logits, and greedy continuations token for token.
-        assert (alone.logits[0, 0] - batch.logits[row, 0]).abs().max() < 1e-4
+        # The batch row's first step saw the logits of its prompt alone: its recorded log-prob is theirs.
+        alone = hf(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
+        token = int(batch.response_ids[row, 0])
+        assert abs(float(batch.logprobs[row, 0]) - float(alone[token])) < 1e-4
     greedy_batch = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=12))
     for row, prompt in enumerate(PROMPTS):
         alone = generate(ours, [prompt], Sampling(temperature=0, max_new_tokens=12))
@@ -65,14 +61,15 @@ def test_left_padding_changes_nothing(models):
 
 
 @torch.no_grad()
-def test_prefill_in_row_chunks_changes_nothing(models):
-    """Long prompts are prefilled a few rows at a time; every row's logits equal the one-chunk prefill's."""
+def test_prefill_in_row_chunks_changes_nothing(models, monkeypatch):
+    """Long prompts are prefilled a few rows at a time; every row's result equals the one-chunk prefill's."""
     _, ours = models
-    kwargs = dict(sampling=Sampling(temperature=0.9, max_new_tokens=8), keep_logits=True)
-    whole = generate(ours, PROMPTS, generator=seeded(4), **kwargs)
-    chunked = generate(ours, PROMPTS, generator=seeded(4), prefill_tokens=8, **kwargs)  # P = 7: one row a chunk
+    sampling = Sampling(temperature=0.9, max_new_tokens=8)
+    whole = generate(ours, PROMPTS, sampling, seed=4)
+    monkeypatch.setattr(rollout, "PREFILL_TOKENS", 8)  # the longest prompt has 7 tokens: one row a chunk
+    chunked = generate(ours, PROMPTS, sampling, seed=4)
     assert torch.equal(whole.response_ids, chunked.response_ids)
-    assert (whole.logits - chunked.logits).abs().max() < 1e-5
+    assert (whole.logprobs - chunked.logprobs).abs().max() < 1e-5
 
 
 def replay_logits(hf, rollout, row):
@@ -95,18 +92,23 @@ def replay_logits(hf, rollout, row):
 def test_replaying_the_recorded_mixtures_reproduces_every_step(models, exploration):
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration,
-                       neighbor_table=ring_table(V, 2), generator=seeded(1), keep_logits=True)
+                       neighbor_table=ring_table(V, 2), seed=1)
     assert rollout.mixed.any()
     for row in range(len(PROMPTS)):
         n = int(rollout.lengths[row])
-        assert (replay_logits(hf, rollout, row) - rollout.logits[row, :n]).abs().max() < 1e-4
+        replayed = replay_logits(hf, rollout, row)  # [n, V]
+        logp = (replayed / 0.8).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
+        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
+        # A mixed step's first candidate is the argmax of the distribution the replay gives.
+        mixed = rollout.mixed[row, :n]
+        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
 
 
 @torch.no_grad()
 def test_unmixed_steps_record_the_sampled_token_with_weight_one(models):
     _, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=16), Exploration("neighbor", mix_rate=0.3),
-                       neighbor_table=ring_table(V, 1), generator=seeded(2))
+                       neighbor_table=ring_table(V, 1), seed=2)
     plain = ~rollout.mixed & (torch.arange(rollout.mixed.shape[1]) < rollout.lengths[:, None])
     assert torch.equal(rollout.cand_ids[..., 0][plain], rollout.response_ids[plain])
     assert torch.equal(rollout.cand_weights[plain], torch.tensor([1.0, 0.0]).expand(int(plain.sum()), 2))
@@ -154,12 +156,12 @@ def test_top_k_and_top_p_filtering_by_hand():
 
 @torch.no_grad()
 def test_sampling_logprobs_are_temperature_scaled_and_filtered(models):
-    _, ours = models
-    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), generator=seeded(3),
-                       keep_logits=True)
+    hf, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, top_k=5, max_new_tokens=8), seed=3)
     for row in range(len(PROMPTS)):
+        logits = replay_logits(hf, rollout, row)  # no mixing: the full forward over prompt + response
         for t in range(int(rollout.lengths[row])):
-            z = rollout.logits[row, t] / 0.7
+            z = logits[t] / 0.7
             top = z.topk(5)
             token = int(rollout.response_ids[row, t])
             assert token in top.indices.tolist()  # sampled inside the top-k
@@ -172,7 +174,7 @@ def test_realised_mix_rate_is_within_three_standard_errors(models):
     _, ours = models
     rate = 0.1
     rollout = generate(ours, PROMPTS * 16, Sampling(max_new_tokens=64), Exploration("neighbor", mix_rate=rate),
-                       neighbor_table=ring_table(V, 1), generator=seeded(4))
+                       neighbor_table=ring_table(V, 1), seed=4)
     n = int(rollout.lengths.sum())  # no stop ids: every step of every row is eligible
     assert n == 64 * 64
     se = math.sqrt(rate * (1 - rate) / n)
@@ -183,12 +185,12 @@ def test_realised_mix_rate_is_within_three_standard_errors(models):
 def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
     _, ours = models
     sampling = Sampling(max_new_tokens=40)
-    first = generate(ours, PROMPTS * 4, sampling, generator=seeded(5))
+    first = generate(ours, PROMPTS * 4, sampling, seed=5)
     stop_mixing = int(first.response_ids.flatten().mode().values)  # a token that does come up
     for exploration in (Exploration("neighbor", mix_rate=0.5, stop_mixing_id=stop_mixing),
                         Exploration("soft", top_k=3, stop_mixing_id=stop_mixing)):
         rollout = generate(ours, PROMPTS * 4, sampling, exploration, neighbor_table=ring_table(V, 1),
-                           generator=seeded(5))
+                           seed=5)
         rows_with_stop = 0
         for row in range(rollout.response_ids.shape[0]):
             hits = (rollout.response_ids[row] == stop_mixing).nonzero()
@@ -205,7 +207,7 @@ def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
 def test_none_never_mixes(models):
     _, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=30), Exploration("none", mix_rate=1.0),
-                       generator=seeded(6))
+                       seed=6)
     assert not rollout.mixed.any()
     assert rollout.cand_ids.shape[-1] == 1
 
@@ -216,7 +218,7 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
     _, ours = models
     exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
     run = lambda seed: generate(ours, PROMPTS, Sampling(max_new_tokens=20), exploration,
-                                neighbor_table=ring_table(V, 1), generator=seeded(seed))
+                                neighbor_table=ring_table(V, 1), seed=seed)
     a, b, c = run(7), run(7), run(8)
     for field in ("response_ids", "lengths", "logprobs", "cand_ids", "cand_weights", "mixed"):
         assert torch.equal(getattr(a, field), getattr(b, field))
@@ -227,11 +229,14 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
 def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models):
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration("gaussian", mix_rate=1.0, top_k=3),
-                       generator=seeded(9), keep_logits=True)
+                       seed=9)
     assert rollout.mixed.all()
     assert abs(float(rollout.cand_weights.sum(-1).mean()) - 1.0) < 1e-6
-    # The recorded noise-free mixture does not reproduce the second step: noise was fed.
-    assert (replay_logits(hf, rollout, 0)[1] - rollout.logits[0, 1]).abs().max() > 1e-3
+    # The recorded noise-free mixture reproduces the first step (the prompt alone) but not the later ones:
+    # noise was fed.
+    logp = replay_logits(hf, rollout, 0).log_softmax(-1).gather(-1, rollout.response_ids[0, :, None])[:, 0]
+    assert abs(float(logp[0] - rollout.logprobs[0, 0])) < 1e-4
+    assert (logp[1:] - rollout.logprobs[0, 1:]).abs().max() > 1e-3
 
 
 @torch.no_grad()
@@ -258,3 +263,93 @@ def test_neighbor_strategy_without_a_table_is_a_clear_error(models):
 def test_cuda_graph_on_a_cpu_model_is_a_clear_error(models):
     with pytest.raises(ValueError, match="CUDA device"):
         generate(models[1], PROMPTS, Sampling(max_new_tokens=4), cuda_graph=True)
+
+
+@torch.no_grad()
+def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(models):
+    _, ours = models
+    short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", top_k=2), seed=10)
+    long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", top_k=2), seed=11)
+    joined = Rollout.concat([short, long], pad_id=-1)
+    assert joined.prompts == PROMPTS and joined.response_ids.shape == (4, 7)
+    assert joined.responses() == short.responses() + long.responses()
+    assert (joined.response_ids[:2, 3:] == -1).all() and (joined.cand_ids[:2, 3:] == -1).all()
+    assert (joined.cand_weights[:2, 3:] == 0).all() and (joined.logprobs[:2, 3:] == 0).all()
+    assert not joined.mixed[:2, 3:].any() and joined.mixed[:2, :3].all()
+    picked = joined.select([3, 0, 3])
+    assert picked.prompts == [PROMPTS[3], PROMPTS[0], PROMPTS[3]]
+    assert picked.responses() == [long.responses()[1], short.responses()[0], long.responses()[1]]
+    for name in ("lengths", "finished", "logprobs", "cand_weights"):
+        assert torch.equal(getattr(picked, name)[0], getattr(long, name)[1]), name
+    assert torch.equal(picked.cand_ids[1, :3], short.cand_ids[0])
+
+
+def assert_same_rows(a: Rollout, b: Rollout, rows_of_b: list[int]) -> None:
+    """Row i of a equals row rows_of_b[i] of b: tokens, lengths and records exactly; log-probs and weights to
+    fp32 noise (other batch shapes round differently, and fed-back mixtures carry it from step to step)."""
+    b = b.select(rows_of_b)
+    assert a.prompts == b.prompts
+    assert a.responses() == b.responses() and torch.equal(a.finished, b.finished)
+    mask_a, mask_b = a.response_mask(), b.response_mask()  # the same lengths; the widths may differ
+    for name in ("cand_ids", "mixed"):
+        assert torch.equal(getattr(a, name)[mask_a], getattr(b, name)[mask_b]), name
+    for name in ("logprobs", "cand_weights"):
+        assert (getattr(a, name)[mask_a] - getattr(b, name)[mask_b]).abs().max() < 1e-3, name
+
+
+# Eight rows for refill: with stop ids STOPS (tokens this model produces often) greedy rows end after
+# 1 to 9 tokens or run to the limit, so slots free up at different steps.
+MORE_PROMPTS = PROMPTS + [[1, 2], [50, 60, 70, 80, 90, 10, 20, 30, 40], [8], [33, 34, 35]]
+STOPS = (79, 7)
+
+
+@torch.no_grad()
+def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
+    """Rows > slots: each row, whichever slot and whichever row held it before, is its own greedy path."""
+    hf, ours = models
+    sampling = Sampling(temperature=0, max_new_tokens=24, stop_ids=STOPS)
+    refilled = generate(ours, MORE_PROMPTS, sampling, slots=3)
+    assert len(set(refilled.lengths.tolist())) >= 5 and 0 < int(refilled.finished.sum()) < len(MORE_PROMPTS)
+    for row, prompt in enumerate(MORE_PROMPTS):
+        sequence = list(prompt)
+        while len(sequence) - len(prompt) < 24 and sequence[-1] not in STOPS or len(sequence) == len(prompt):
+            sequence.append(int(hf(torch.tensor([sequence])).logits[0, -1].argmax()))
+        assert refilled.responses()[row] == sequence[len(prompt):]
+        assert bool(refilled.finished[row]) == (sequence[-1] in STOPS)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian"])
+def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
+    _, ours = models
+    sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)
+    exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
+    run = lambda prompts, keys, **kw: generate(ours, prompts, sampling, exploration,  # noqa: E731
+                                               neighbor_table=ring_table(V, 1), seed=3, row_keys=keys, **kw)
+    together = run(MORE_PROMPTS, None)
+    assert len(set(together.lengths.tolist())) >= 3
+    assert together.mixed.any() or strategy == "none"
+    for slots in (1, 3):
+        assert_same_rows(run(MORE_PROMPTS, None, slots=slots), together, list(range(len(MORE_PROMPTS))))
+    assert_same_rows(run(MORE_PROMPTS, None, slots=3, refill=False), together, list(range(len(MORE_PROMPTS))))
+    order = [5, 2, 7, 0, 3, 6, 1, 4]
+    assert_same_rows(run([MORE_PROMPTS[i] for i in order], order, slots=3), together, order)
+    assert_same_rows(run([MORE_PROMPTS[4]], [4]), together, [4])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("exploration", [Exploration("neighbor", mix_rate=0.5, num_neighbors=2),
+                                         Exploration("soft", top_k=4)], ids=["neighbor", "soft"])
+def test_replaying_refilled_rows_reproduces_every_step(models, exploration):
+    """Two slots for eight rows: every row after the second decodes in a slot another row used."""
+    hf, ours = models
+    rollout = generate(ours, MORE_PROMPTS, Sampling(temperature=0.8, max_new_tokens=16, stop_ids=STOPS),
+                       exploration, neighbor_table=ring_table(V, 2), seed=5, slots=2)
+    assert rollout.mixed.any() and len(set(rollout.lengths.tolist())) >= 3
+    for row in range(len(MORE_PROMPTS)):
+        n = int(rollout.lengths[row])
+        replayed = replay_logits(hf, rollout, row)  # [n, V]
+        logp = (replayed / 0.8).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
+        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
+        mixed = rollout.mixed[row, :n]
+        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])

@@ -237,20 +237,25 @@ def test_outputs_of_a_run(tmp_path):
     assert 0.0 < first["mix_rate"] < 0.3  # neighbor mixing at rate 0.1
 
 
-def test_rollout_batch_size_splits_a_steps_rows_into_generate_calls(tmp_path, monkeypatch):
+def test_rollout_batch_size_is_the_decode_slots_and_changes_no_response(tmp_path, monkeypatch):
+    """--rollout-batch-size 12 decodes a step's 32 rows (8 prompts x G = 4) 12 at a time, refilling finished
+    slots; every response is keyed by (seed, step, row), so the step's rollouts equal those of all rows at once."""
     calls = []
     real = train.generate
 
     def recording(model, prompts, *args, **kwargs):
-        calls.append([tuple(p) for p in prompts])
+        calls.append(([tuple(p) for p in prompts], kwargs.get("slots")))
         return real(model, prompts, *args, **kwargs)
 
     monkeypatch.setattr(train, "generate", recording)
-    summary = train.run(tiny(tmp_path, max_steps=1, rollout_batch_size=12))  # 8 prompts x G = 4: 32 rows
-    assert [len(c) for c in calls] == [12, 12, 8]
-    rows = [p for c in calls for p in c]
+    train.run(tiny(tmp_path / "a", max_steps=1, rollout_batch_size=12))
+    assert [(len(rows), slots) for rows, slots in calls] == [(32, 12)]
+    rows = calls[0][0]
     assert all(len(set(rows[g * 4 : g * 4 + 4])) == 1 for g in range(8))  # each group's G rows: one prompt
-    assert summary["steps"] == 1
+    train.run(tiny(tmp_path / "b", max_steps=1))
+    a, b = read_metrics(tmp_path / "a" / "run")[0], read_metrics(tmp_path / "b" / "run")[0]
+    for key in ("reward_mean", "response_len_mean", "response_len_max", "truncated_frac", "mix_rate"):
+        assert a[key] == b[key], key
 
 
 def test_a_new_run_over_an_earlier_runs_checkpoints_stops_unless_told(tmp_path):

@@ -1,0 +1,97 @@
+"""Counter-based random draws: every random number of a rollout is a hash of (seed, stream, row key, position,
+index), computed with int64 tensor ops.
+
+Why not a torch.Generator: a generator's draws depend on the order in which they are taken, so a row's
+sample would depend on its slot, its batch-mates, the refill order and, across processes, on the rank
+that generated it. A hash depends only on what it is given: row r's token at response position t is the
+same whichever batch, slot or GPU produced it. It needs no state, no host sync, and is safe inside a CUDA
+graph (pure tensor ops).
+
+    draws = RowDraws(seed=(run_seed, step), row_keys=keys, positions=t)   # keys, t: [B] int64
+    u = draws.uniform(TOKEN, 1)        # [B, 1] float64 in (0, 1)
+    z = draws.normal(NOISE, d)         # [B, d] float32 standard normal
+
+The hash is splitmix64 (Steele, Lea, Flood 2014): a stream's state is the mix of (seed, stream, row key,
+position), and its n outputs are mix64(state + i * golden) for i = 1..n, as splitmix64 itself steps.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+# Streams: one per kind of draw, so that the token, the mixing coin and the noise of a step are independent.
+TOKEN, COIN, NOISE = 1, 2, 3
+
+MASK64 = (1 << 64) - 1
+
+
+def _int64(value: int) -> int:
+    """A 64-bit pattern as the signed int64 that torch stores."""
+    value &= MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+GOLDEN = _int64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: splitmix64's increment
+MIX1, MIX2 = _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic: it copies the sign bit)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors; products wrap modulo 2^64 as the algorithm wants."""
+    z = (z ^ _shift_right(z, 30)) * MIX1
+    z = (z ^ _shift_right(z, 27)) * MIX2
+    return z ^ _shift_right(z, 31)
+
+
+@lru_cache(maxsize=64)
+def seed_state(seed: int | tuple[int, ...]) -> int:
+    """One 64-bit state from a seed or a tuple of ints (e.g. (run seed, step)), each folded in turn."""
+    state = 0
+    for part in (seed if isinstance(seed, tuple) else (seed,)):
+        while True:  # every 64-bit word of a large int, low word first; at least one word
+            word = torch.tensor(_int64(part & MASK64) ^ state)
+            state = int(mix64(word + GOLDEN))
+            part >>= 64
+            if part in (0, -1):
+                break
+    return state
+
+
+def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """float64 uniforms from int64 bits: the top 52 bits k as (k + 0.5) / 2^52, so never 0 and never 1
+    (the largest, 1 - 2^-53, is a float64) and fine-grained enough that -log U is exact in its tail."""
+    return (_shift_right(bits, 12).double() + 0.5) * 2.0**-52
+
+
+@dataclass
+class RowDraws:
+    """The draws of one decode step for B rows: row b's numbers depend on (seed, row_keys[b],
+    positions[b]) and the stream, nothing else."""
+
+    seed: int | tuple[int, ...]
+    row_keys: torch.Tensor  # [B] int64: each row's identity (e.g. its index among the step's rows)
+    positions: torch.Tensor  # [B] int64: each row's response position (the decode step of that row)
+
+    def __post_init__(self):
+        self._seed_state = seed_state(self.seed)
+
+    def bits(self, stream: int, n: int) -> torch.Tensor:
+        """[B, n] int64 random bits."""
+        state = mix64(self.row_keys * GOLDEN + _int64(self._seed_state + stream))  # [B]
+        state = mix64(state ^ (self.positions * MIX1))
+        index = torch.arange(1, n + 1, device=state.device) * GOLDEN  # [n]
+        return mix64(state[:, None] + index)  # [B, n]
+
+    def uniform(self, stream: int, n: int) -> torch.Tensor:
+        """[B, n] float64 in (0, 1)."""
+        return bits_to_uniform(self.bits(stream, n))
+
+    def normal(self, stream: int, n: int) -> torch.Tensor:
+        """[B, n] float32 standard normal draws (Box-Muller over two uniforms per draw)."""
+        u = self.uniform(stream, 2 * n)
+        return ((-2.0 * u[:, :n].log()).sqrt() * torch.cos(2 * torch.pi * u[:, n:])).float()
