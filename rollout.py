@@ -617,3 +617,17 @@ def _check_arguments(model, prompts, exploration: Exploration, neighbor_table, c
     if len(row_keys) != len(prompts) or len(set(row_keys)) != len(prompts):
         raise ValueError(f"row_keys must be {len(prompts)} distinct ints, one per prompt")
     return torch.tensor([*row_keys, 0], dtype=torch.long, device=device)
+
+
+def exploration_from_config(cfg, tokenizer) -> Exploration:
+    """The Exploration a Config's flags describe (train.py and eval.py alike), with `stop_mixing_token`
+    looked up in the tokenizer: a token it does not have is an error, not a silent never-stop."""
+    stop_mixing_id = None
+    if cfg.stop_mixing_token and cfg.explore != "none":
+        stop_mixing_id = tokenizer.convert_tokens_to_ids(cfg.stop_mixing_token)
+        if not isinstance(stop_mixing_id, int) or stop_mixing_id < 0 or stop_mixing_id == tokenizer.unk_token_id:
+            raise ValueError(f"--stop-mixing-token {cfg.stop_mixing_token!r} is not one token of the tokenizer "
+                             "(pass --stop-mixing-token '' to mix until the end of the response)")
+    return Exploration(cfg.explore, mix_rate=cfg.mix_rate, num_neighbors=cfg.num_neighbors, weights=cfg.mix_weights,
+                       top_k=cfg.soft_top_k, mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma,
+                       stop_mixing_id=stop_mixing_id)
