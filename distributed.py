@@ -58,7 +58,7 @@ def init_world(device: str = "", timeout_s: float = 600.0) -> World:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if device.startswith("cuda:"):
-        raise ValueError("under torchrun each rank uses cuda:LOCAL_RANK: pass --device cuda (or leave it empty)")
+        raise ValueError("under torchrun each rank uses cuda:LOCAL_RANK: give --device cuda or nothing")
     on_gpu = device != "cpu" and torch.cuda.is_available()
     if device == "cuda" and not on_gpu:
         raise ValueError("--device cuda, but no GPU is visible to this rank")
@@ -118,7 +118,8 @@ def shard_model(model: Transformer, world: World) -> ModelCall:
     for block in model.layers:
         fully_shard(block, mp_policy=precision)
     # The root's inputs include the recorded mixture weights: never cast them to bf16 on the way in.
-    root_precision = MixedPrecisionPolicy(precision.param_dtype, precision.reduce_dtype, cast_forward_inputs=False)
+    root_precision = MixedPrecisionPolicy(precision.param_dtype, precision.reduce_dtype,
+                                          cast_forward_inputs=False)
     fully_shard(call, mp_policy=root_precision)
     return call
 
@@ -132,7 +133,8 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def copy_weights(source: Transformer, target: Transformer) -> None:
     """target's parameters := source's, by name, one parameter gathered at a time (never the whole fp32 model
-    at once): how an unsharded (bf16) sampler copy is refreshed from the sharded policy. Every rank calls it."""
+    at once): how an unsharded (bf16) sampler copy is refreshed from the sharded policy. Every rank calls
+    it."""
     targets = dict(target.named_parameters())
     with torch.no_grad():
         for name, param in source.named_parameters():

@@ -34,8 +34,8 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world_size: int, port: int, fn, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     world = distributed.init_world(device="cpu", timeout_s=60)
     try:
@@ -52,12 +52,15 @@ def run_ranks(fn, world_size: int, *args) -> None:
 def fixed_batch(rows: int = 5, T: int = 6, K: int = 2) -> dict:
     """Replay rows with mixed inputs, different prompt and response lengths, and advantages of both signs."""
     g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(0, 262, (int(n),), generator=g).tolist() for n in torch.randint(2, 6, (rows,), generator=g)]
+    prompt_lens = torch.randint(2, 6, (rows,), generator=g).tolist()
+    prompts = [torch.randint(0, 262, (n,), generator=g).tolist() for n in prompt_lens]
     cand_weights = torch.rand(rows, T, K, generator=g)
     return dict(prompts=prompts, cand_ids=torch.randint(0, 262, (rows, T, K), generator=g),
                 cand_weights=cand_weights / cand_weights.sum(-1, keepdim=True),
-                lengths=torch.tensor([6, 2, 5, 3, 4])[:rows], response_ids=torch.randint(0, 262, (rows, T), generator=g),
-                advantages=torch.randn(rows, generator=g), old_logp=-5.5 + 0.1 * torch.randn(rows, T, generator=g),
+                lengths=torch.tensor([6, 2, 5, 3, 4])[:rows],
+                response_ids=torch.randint(0, 262, (rows, T), generator=g),
+                advantages=torch.randn(rows, generator=g),
+                old_logp=-5.5 + 0.1 * torch.randn(rows, T, generator=g),
                 ref_logp=-5.5 + 0.1 * torch.randn(rows, T, generator=g))
 
 
@@ -65,8 +68,8 @@ def batch_loss(call, batch: dict, rows: list[int], normalizer=None):
     """The policy loss of `rows` of the fixed batch through `call` (a ModelCall, sharded or not)."""
     pick = {k: [v[i] for i in rows] if k == "prompts" else v[rows] for k, v in batch.items()}
     mask = length_mask(pick["lengths"], pick["response_ids"].shape[1])
-    logp, _ = call(sequence_logprobs, pick["prompts"], pick["cand_ids"], pick["cand_weights"], pick["lengths"],
-                   pick["response_ids"])
+    logp, _ = call(sequence_logprobs, pick["prompts"], pick["cand_ids"], pick["cand_weights"],
+                   pick["lengths"], pick["response_ids"])
     return policy_loss(logp, pick["old_logp"], pick["advantages"], mask, ref_logp=pick["ref_logp"], cfg=CFG,
                        normalizer=normalizer)
 
@@ -82,7 +85,8 @@ def _building_blocks(world, out_dir: Path):
     mask = length_mask(batch["lengths"][rows], 6)
     loss, metrics = batch_loss(policy, batch, rows, distributed.loss_normalizer(mask.sum(), world))
     loss.backward()
-    seen = {"rows": rows, "grads": {n: distributed.full_tensor(p.grad).clone() for n, p in model.named_parameters()}}
+    grads = {n: distributed.full_tensor(p.grad).clone() for n, p in model.named_parameters()}
+    seen = {"rows": rows, "grads": grads}
     seen["grad_norm"] = float(distributed.clip_grad_norm(list(policy.parameters()), 1.0))
     optimizer.step()
     seen["metrics"] = distributed.mean_across({k: float(v) for k, v in metrics.items()}, 1.0, world)
@@ -104,7 +108,8 @@ def _building_blocks(world, out_dir: Path):
     seen["means"] = distributed.mean_across({"reward": [0.5, 1.0][r]}, [30.0, 10.0][r], world)
     local = [(i, torch.full((2,), float(i))) for i in distributed.deal(5, world)]
     seen["gathered"] = distributed.gather_dealt(local, 5, world)
-    seen["broadcast"] = distributed.broadcast_object(torch.arange(6).view(3, 2) if world.is_main else None, world)
+    table = torch.arange(6).view(3, 2) if world.is_main else None
+    seen["broadcast"] = distributed.broadcast_object(table, world)
     torch.save(seen, out_dir / f"rank-{world.rank}.pt")
 
 
@@ -116,7 +121,8 @@ def two_ranks(tmp_path_factory) -> list[dict]:
 
 
 def one_process_steps(steps: int):
-    """The reference: `steps` AdamW steps on the fixed batch in one process, unsharded, the whole batch at once.
+    """The reference: `steps` AdamW steps on the fixed batch in one process, unsharded, the whole batch at
+    once.
     Returns (model, call, optimizer, gradients and clipped norm of the last step, its metrics)."""
     model = random_model(TINY_CONFIG, seed=0)
     call = distributed.ModelCall(model)
@@ -203,7 +209,8 @@ def test_optimizer_state_written_by_two_processes_resumes_in_one(two_ranks, one_
     state, equals two steps in one process."""
     saved = two_ranks[0]["optimizer"]
     assert two_ranks[1]["optimizer"] is None
-    reference = distributed.optimizer_state(one_process["call"], one_process["optimizer"], distributed.World())
+    one = distributed.World()
+    reference = distributed.optimizer_state(one_process["call"], one_process["optimizer"], one)
     assert saved["state"].keys() == reference["state"].keys()
     for name, moments in reference["state"].items():
         assert max_diff({k: v for k, v in saved["state"][name].items() if k != "step"},
@@ -238,8 +245,9 @@ def test_rank_0_object_is_broadcast(two_ranks):
 
 def test_work_seed_depends_on_the_work_only():
     assert distributed.work_seed(0, 3, 1) == distributed.work_seed(0, 3, 1)
-    assert len({distributed.work_seed(0, 3, 1), distributed.work_seed(0, 1, 3), distributed.work_seed(1, 3, 1),
-                distributed.work_seed(0, 31)}) == 4
+    seeds = {distributed.work_seed(0, 3, 1), distributed.work_seed(0, 1, 3), distributed.work_seed(1, 3, 1),
+             distributed.work_seed(0, 31)}
+    assert len(seeds) == 4
     a, b = distributed.work_generator(0, 2, 5), distributed.work_generator(0, 2, 5)
     assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
 
@@ -261,8 +269,8 @@ def torchrun(tmp_path, *args) -> tuple[subprocess.CompletedProcess, float]:
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), *args], env=env, capture_output=True, text=True, timeout=100)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = subprocess.run([*launch, str(script), *args], env=env, capture_output=True, text=True, timeout=100)
     return done, time.perf_counter() - start
 
 
