@@ -279,6 +279,20 @@ def deal(num_items: int, world: World) -> list[int]:
     return list(range(world.rank, num_items, world.size))
 
 
+def dealt_batches(num_items: int, batch_size: int, world: World) -> list[tuple[list[int], bool]]:
+    """This rank's `deal` share of items 0..num_items-1 in batches of at most `batch_size`, as (item indices,
+    real) pairs, padded with stand-ins ([0], False) so that every rank makes the same number of calls.
+
+    FSDP's forward and backward are collectives: a rank that made one call fewer would leave the others
+    waiting. A stand-in's output must count for nothing (mask it out of the loss, drop its log-probs).
+    >>> dealt_batches(5, 2, World(rank=1, size=2))    # rank 1 holds items 1 and 3; rank 0 holds 0, 2, 4
+    [([1, 3], True), ([0], False)]"""
+    mine = deal(num_items, world)
+    calls = -(-(-(-num_items // world.size)) // batch_size)  # ceil(largest share / batch_size)
+    batches = [(mine[start : start + batch_size], True) for start in range(0, len(mine), batch_size)]
+    return batches + [([0], False)] * (calls - len(batches))
+
+
 def gather_dealt(local_results: list, num_items: int, world: World) -> list:
     """The results of every rank's `deal` share, on every rank, in item order (item i is rank i % W's
     (i // W)-th result). Results are any picklable objects (CPU tensors included)."""

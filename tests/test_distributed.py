@@ -243,6 +243,17 @@ def test_rank_0_object_is_broadcast(two_ranks):
     assert all(torch.equal(seen["broadcast"], torch.arange(6).view(3, 2)) for seen in two_ranks)
 
 
+@pytest.mark.parametrize("num_items, batch_size, size, calls", [(5, 2, 2, 2), (7, 3, 3, 1), (2, 4, 4, 1),
+                                                               (8, 3, 1, 3)])
+def test_dealt_batches_cover_every_item_once_with_equal_call_counts(num_items, batch_size, size, calls):
+    shares = [distributed.dealt_batches(num_items, batch_size, distributed.World(rank=r, size=size))
+              for r in range(size)]
+    real = sorted(i for share in shares for items, is_real in share if is_real for i in items)
+    assert real == list(range(num_items))
+    assert [len(share) for share in shares] == [calls] * size  # the same number of calls on every rank
+    assert all(len(items) <= batch_size for share in shares for items, _ in share)
+
+
 def test_work_seed_depends_on_the_work_only():
     assert distributed.work_seed(0, 3, 1) == distributed.work_seed(0, 3, 1)
     seeds = {distributed.work_seed(0, 3, 1), distributed.work_seed(0, 1, 3), distributed.work_seed(1, 3, 1),
