@@ -2,15 +2,19 @@
 
     python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500
     python eval.py --model tiny --benchmarks ../shared/data/eval/math500.jsonl --limit 6 --n 4 --max-new-tokens 16
+    torchrun --nproc-per-node 8 eval.py --model runs/ngrpo/checkpoints/step-500 --batch-size 64   # one node
 
 Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
 evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
 line per sample) and OUT/results.json (fractions in [0, 1]); prints the table in percent. Work is done in
 batches whose composition and seed depend only on the settings, and each finished batch is appended to
 samples.jsonl at once, so `--resume` after an interruption ends with the same results as one whole run.
+Under torchrun the batches are dealt to the ranks and the results do not depend on the number of processes
+(give --batch-size: the automatic one depends on the free memory of rank 0's GPU).
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -22,7 +26,9 @@ from pathlib import Path
 import torch
 
 import data
+import distributed
 import reward
+from distributed import World
 
 # Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
 HUB_BENCHMARKS = {
@@ -72,15 +78,59 @@ def batch_seed(seed: int, benchmark: str, batch_index: int) -> int:
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
-             score_fn=None, progress: bool = True) -> dict:
+             score_fn=None, progress: bool = True, world: World = World()) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed) -> texts` in
     batches sorted by prompt length, scores them with `score_fn(pairs, kind) -> [0/1]`, writes
-    samples.jsonl and results.json under out_dir and returns the results."""
+    samples.jsonl and results.json under out_dir and returns the results.
+
+    Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
+    each round's samples, writes them in batch order and alone writes the files. A batch's composition and
+    seed do not depend on the world size, so neither do the results."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     samples_path = out_dir / "samples.jsonl"
+    done = finished_samples(samples_path, resume) if world.is_main else None
+    done = distributed.broadcast_object(done, world)
+    results = {}
+    with open(samples_path, "a") if world.is_main else contextlib.nullcontext() as samples_file:
+        for name, problems, kind in benchmarks:
+            items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
+            batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+            rounds = range(0, len(batches), world.size)
+            bar = tqdm(rounds, desc=name, unit="batch", disable=not (progress and world.is_main),
+                       file=sys.stderr)
+            for first in bar:
+                mine = [], 0
+                if first + world.rank < len(batches):
+                    start = time.perf_counter()
+                    index = first + world.rank
+                    mine = run_batch(name, problems, kind, batches[index], done, generate_fn, score_fn,
+                                     batch_seed(seed, name, index))
+                    bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
+                this_round = min(world.size, len(batches) - first)
+                for records, _ in distributed.gather_dealt([mine], this_round, world):
+                    for record in records:
+                        done[(name, record["problem_id"], record["sample"])] = record
+                        if world.is_main:
+                            samples_file.write(json.dumps(record) + "\n")
+                if world.is_main:
+                    samples_file.flush()  # a finished batch survives an interruption
+            correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
+            results[name] = summarize(correct, n)
+    math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
+    if math_sets:
+        results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
+                              for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
+    if world.is_main:
+        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def finished_samples(samples_path: Path, resume: bool) -> dict:
+    """The samples of an earlier run kept by --resume, by (benchmark, problem id, sample); without --resume
+    the file is removed. A last line cut short by an interruption is dropped (that batch runs again)."""
+    samples_path.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if resume and samples_path.exists():
         lines = samples_path.read_text().splitlines()
@@ -90,43 +140,29 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
             except json.JSONDecodeError:
                 if line_no < len(lines):
                     raise data.DataError(f"{samples_path}:{line_no}: not a sample record; cannot resume") from None
-                break  # the last line of an interrupted write: that batch runs again
+                break
             done[(record["benchmark"], record["problem_id"], record["sample"])] = record
         partial = samples_path.with_suffix(".partial")
         partial.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
         os.replace(partial, samples_path)  # never lose finished samples to a second interruption
     elif samples_path.exists():
         samples_path.unlink()
+    return done
 
-    results = {}
-    with samples_path.open("a") as samples_file:
-        for name, problems, kind in benchmarks:
-            items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
-            batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
-            bar = tqdm(batches, desc=name, unit="batch", disable=not progress, file=sys.stderr)
-            for batch_index, batch in enumerate(bar):
-                keys = [(name, problems[i]["id"], s) for _, i, s in batch]
-                if all(key in done for key in keys):
-                    continue
-                start = time.perf_counter()
-                texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch],
-                                                batch_seed(seed, name, batch_index))
-                scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
-                for key, text, score in zip(keys, texts, scores):
-                    if key not in done:  # (a batch of another --batch-size may have done part of this one)
-                        done[key] = {"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
-                                     "extracted": extracted_answer(text, kind), "correct": bool(score)}
-                        samples_file.write(json.dumps(done[key]) + "\n")
-                samples_file.flush()  # a finished batch survives an interruption
-                bar.set_postfix(tokens_per_s=f"{num_tokens / (time.perf_counter() - start):.0f}")
-            correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
-            results[name] = summarize(correct, n)
-    math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
-    if math_sets:
-        results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
-                              for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+
+def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) -> tuple[list[dict], int]:
+    """Generates and scores one batch of (prompt length, problem index, sample) items; returns the records
+    of the samples not yet in `done` and the number of tokens generated."""
+    keys = [(name, problems[i]["id"], s) for _, i, s in batch]
+    if all(key in done for key in keys):
+        return [], 0
+    texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed)
+    scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
+    # (a batch of another --batch-size may have done part of this one)
+    records = [{"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
+                "extracted": extracted_answer(text, kind), "correct": bool(score)}
+               for key, text, score in zip(keys, texts, scores) if key not in done]
+    return records, num_tokens
 
 
 def extracted_answer(text: str, kind: str) -> str | None:
@@ -168,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of all sampling")
     parser.add_argument("--out-dir", default="runs/eval", help="where samples.jsonl and results.json go")
     parser.add_argument("--resume", action="store_true", help="keep the samples already in OUT/samples.jsonl")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda or cpu (under torchrun each rank uses cuda:LOCAL_RANK)")
+    parser.add_argument("--dist-timeout-s", type=float, default=1800.0,
+                        help="under torchrun: a rank waiting this long for the others stops the job")
     parser.add_argument("--explore", default="none", choices=["none", "neighbor", "soft", "gaussian"],
                         help="mixing at inference (the paper's ablation; soft = Soft Thinking)")
     parser.add_argument("--mix-rate", type=float, default=0.1, help="neighbor / gaussian: mixing probability per step")
@@ -184,7 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
+    """Under torchrun every rank loads the model and samples its share of the batches (see `evaluate`)."""
     args = build_parser().parse_args(argv)
+    try:
+        world = distributed.init_world(args.device, args.dist_timeout_s)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    try:
+        return run(args, world)
+    finally:
+        distributed.close_world(world)
+
+
+def run(args, world: World) -> dict:
     from model import load_model
     from rollout import Exploration, Sampling, generate
 
@@ -192,9 +243,10 @@ def main(argv=None) -> dict:
         benchmarks = [load_benchmark(spec.strip(), args.limit) for spec in args.benchmarks.split(",") if spec.strip()]
     except (data.DataError, OSError) as error:
         sys.exit(f"error: {error}")
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    device = world.device
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        model = load_model(args.model, dtype=dtype, device=args.device).eval()
+        model = load_model(args.model, dtype=dtype, device=device).eval()
         tokenizer = data.load_tokenizer(args.tokenizer or args.model)
     except (OSError, ValueError) as error:
         sys.exit(f"error: cannot load --model {args.model!r}: {error}")
@@ -204,11 +256,13 @@ def main(argv=None) -> dict:
                                                style="gpqa" if kind == "choice" else "math")
         prompted.append((name, kept, kind))
     table = None
-    if args.explore == "neighbor":
+    if args.explore == "neighbor" and world.is_main:  # built once, on rank 0, and shared
         from neighbors import build_neighbor_table
 
         matrix = model.output_weight if args.neighbor_space == "output" else model.embed_tokens.weight
-        table = build_neighbor_table(matrix.detach(), args.num_neighbors, args.neighbor_metric)
+        table = build_neighbor_table(matrix.detach(), args.num_neighbors, args.neighbor_metric).cpu()
+    table = distributed.broadcast_object(table, world)
+    table = None if table is None else table.to(device)
     think_end = tokenizer.convert_tokens_to_ids("</think>")
     exploration = Exploration(args.explore, mix_rate=args.mix_rate, num_neighbors=args.num_neighbors,
                               weights=args.mix_weights, top_k=args.soft_top_k, noise_sigma=args.noise_sigma,
@@ -218,18 +272,21 @@ def main(argv=None) -> dict:
     longest = max(len(p["prompt_ids"]) for _, problems, _ in prompted for p in problems)
     batch_size = args.batch_size or auto_batch_size(model, longest + args.max_new_tokens,
                                                     sum(len(p) for _, p, _ in prompted) * args.n)
+    batch_size = distributed.broadcast_object(batch_size, world)  # rank 0's: batches must agree across ranks
 
     def generate_fn(prompts, seed):
-        generator = torch.Generator(args.device).manual_seed(seed)
+        generator = torch.Generator(device).manual_seed(seed)
         rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator,
-                           progress=True)
+                           progress=world.is_main)
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 
     with reward.RewardPool() as pool:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=args.out_dir, batch_size=batch_size,
-                           seed=args.seed, resume=args.resume, score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
-    print(format_table(results))
+                           seed=args.seed, resume=args.resume, world=world,
+                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+    if world.is_main:
+        print(format_table(results))
     return results
 
 

@@ -5,6 +5,7 @@ a failing or hung rank stops the job with that rank's message; without torchrun 
 One 2-process run (`two_ranks`, a few seconds) exercises every building block and saves what each rank saw;
 the tests compare that with a one-process computation done here, without FSDP."""
 
+import json
 import os
 import socket
 import subprocess
@@ -296,3 +297,23 @@ def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
     assert done.returncode != 0
     assert "Timed out" in done.stderr
     assert seconds < 60  # the hung rank sleeps 120 s: the timeout, not the sleep, ended the job
+
+
+def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
+    benchmark = tmp_path / "toy.jsonl"
+    benchmark.write_text("".join(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n"
+                                 for i in range(7)))
+    flags = ["--model", "tiny", "--benchmarks", str(benchmark), "--n", "4", "--max-new-tokens", "12", "--batch-size",
+             "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]  # 6 batches: 3 rounds of 2
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    # `--` ends torchrun's own options: without it torchrun takes eval.py's --n for an abbreviation of its own.
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
+    two = subprocess.run([*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert two.returncode == 0, two.stderr
+    for name in ("results.json", "samples.jsonl"):
+        assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text()
+    assert two.stdout.count("toy") == 1  # the table printed by rank 0 only
