@@ -301,18 +301,17 @@ def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
 
 def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
     benchmark = tmp_path / "toy.jsonl"
-    benchmark.write_text("".join(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n"
-                                 for i in range(7)))
-    flags = ["--model", "tiny", "--benchmarks", str(benchmark), "--n", "4", "--max-new-tokens", "12", "--batch-size",
-             "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]  # 6 batches: 3 rounds of 2
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one")], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    problems = [{"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(7)]
+    benchmark.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    flags = ["--model", "tiny", "--benchmarks", str(benchmark), "--n", "4", "--max-new-tokens", "12",
+             "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]  # 6 batches
+    run = lambda *command: subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                          capture_output=True, text=True, timeout=120)
+    one = run(sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     # `--` ends torchrun's own options: without it torchrun takes eval.py's --n for an abbreviation of its own.
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
-    two = subprocess.run([*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two")], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    two = run(*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr
     for name in ("results.json", "samples.jsonl"):
         assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text()
