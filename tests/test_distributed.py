@@ -309,7 +309,7 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
                                           capture_output=True, text=True, timeout=120)
     one = run(sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
-    # `--` ends torchrun's own options: without it torchrun takes eval.py's --n for an abbreviation of its own.
+    # `--` ends torchrun's options: without it torchrun reads eval.py's --n as an abbreviation of its own.
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
     two = run(*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr
