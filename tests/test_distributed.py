@@ -304,7 +304,7 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
     problems = [{"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(7)]
     benchmark.write_text("".join(json.dumps(p) + "\n" for p in problems))
     flags = ["--model", "tiny", "--benchmarks", str(benchmark), "--n", "4", "--max-new-tokens", "12",
-             "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]  # 6 batches
+             "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]
     run = lambda *command: subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                           capture_output=True, text=True, timeout=120)
     one = run(sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one"))
