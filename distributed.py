@@ -4,9 +4,10 @@ things that cross ranks (DESIGN.md §6).
     torchrun --nproc-per-node 8 train.py --preset paper-1.5b
 
 Each rank owns its share of a step's work (its chunks of rows -> their rollouts -> rewards); a group's G
-responses never cross ranks. Only gradients, the token counts that normalise the loss, gathered results,
-logged metrics and checkpoints do. Randomness is keyed by the work (seed, step, chunk index), never by the
-rank, so a run's numbers do not depend on how many processes run it.
+responses never cross ranks. What crosses ranks: gradients (FSDP), the step's finished rollouts and rewards
+(gathered, so that every rank holds the whole step and knows the loss normalizer, the filtered groups and
+the logged metrics), the update's metrics, and checkpoints. Randomness is keyed by the work (seed, step,
+call index), never by the rank, so a run's numbers do not depend on how many processes run it.
 
 `python train.py` (not launched by torchrun) is a world of one with no process group: every function here
 is then the identity or a no-op, and the model is not sharded.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -111,6 +113,10 @@ def shard_model(model: Transformer, world: World) -> ModelCall:
         return call
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # FSDP2 warns when a root returns a view (an in-place op on it would skip the backward hook); the
+    # log-probs our calls return are views, and nothing modifies them in place.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
     if world.device.type == "cuda":
         precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
@@ -122,6 +128,17 @@ def shard_model(model: Transformer, world: World) -> ModelCall:
                                           cast_forward_inputs=False)
     fully_shard(call, mp_policy=root_precision)
     return call
+
+
+def run_model(model, fn, *args, **kwargs):
+    """fn(model, *args, **kwargs); through `model` itself when it is a ModelCall (FSDP's root gathers its
+    parameters for the call), else directly on the Transformer."""
+    return model(fn, *args, **kwargs) if isinstance(model, ModelCall) else fn(model, *args, **kwargs)
+
+
+def device_of(model) -> torch.device:
+    """The device of a Transformer's (or a ModelCall's) parameters, or of this rank's shards."""
+    return (model.model if isinstance(model, ModelCall) else model).embed_tokens.weight.device
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -145,8 +162,8 @@ def unsharded_copy(model: Transformer, *, dtype: torch.dtype, device) -> Transfo
     """A plain Transformer with `model`'s weights (gathered one parameter at a time) in `dtype` on `device`,
     without gradients: the sampler copy. Every rank calls it."""
     with torch.device("meta"):
-        copy = Transformer(model.cfg)
-    copy = copy.to_empty(device=device).to(dtype).requires_grad_(False)
+        copy = Transformer(model.cfg).to(dtype)  # no memory yet: allocated once, in `dtype`, on `device`
+    copy = copy.to_empty(device=device).requires_grad_(False)
     if hasattr(model, "hf_config"):
         copy.hf_config = model.hf_config
     copy_weights(model, copy)
@@ -160,7 +177,7 @@ def gather_state_dict(model: Transformer, world: World) -> dict[str, torch.Tenso
     for name, param in model.named_parameters():
         whole = full_tensor(param.detach())
         if world.is_main:
-            state[name] = whole.cpu().clone()
+            state[name] = whole.to("cpu", copy=True)
     return state if world.is_main else None
 
 
@@ -232,18 +249,6 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- what crosses ranks
-
-
-def loss_normalizer(local_count: torch.Tensor, world: World) -> torch.Tensor:
-    """The normaliser each rank divides its share of a mini-batch's loss by: the whole mini-batch's token (or
-    sequence) count, all-reduced before the backward, divided by the world size. FSDP averages gradients
-    over ranks, so the reduced gradient is sum_r loss_r / count: exactly the one-process gradient of the
-    token mean over the whole mini-batch, however the rows were dealt."""
-    total = local_count.detach().to(torch.float64).clone()
-    if world.distributed:
-        total = total.to(world.device)
-        dist.all_reduce(total)
-    return (total / world.size).to(torch.float32)
 
 
 def _reduce(values: dict[str, float], world: World, op) -> dict[str, float]:
