@@ -451,7 +451,7 @@ TRAIN_DEFAULTS = {"cpu": dict(shape="tiny", batch=8, seq_len=512, repeats=10),
 
 
 def train_setup(args: argparse.Namespace, device):
-    """Our fp32 model (the trained weights stay fp32, DESIGN.md §4), its transformers twin holding the very
+    """Our fp32 model (the trained weights stay fp32: README.md, "The real run"), its transformers twin holding the very
     same Parameter objects (one copy of the weights and of .grad serves both), and a random batch."""
     import torch
 

@@ -1,7 +1,7 @@
 """Every hyperparameter of a run in one dataclass, the named presets, and the command-line flags made from it.
 
 Defaults are those of the paper's released code for DeepSeek-R1-Distill-Qwen-1.5B (preset `paper-1.5b`);
-DESIGN.md §3 says what each one does. A preset is a plain dict of overrides; explicit flags override the
+README.md ("The algorithm") says what each one does. A preset is a plain dict of overrides; explicit flags override the
 preset. Each flag is the field name with dashes (`mix_rate` -> `--mix-rate`) and its help is the field's.
 
     cfg = parse_config(["--preset", "grpo-1.5b", "--lr", "2e-6"])
@@ -43,7 +43,7 @@ class Config:
                                         "max_new_tokens): for 1.5B in bf16 256 rows x 8.4k tokens take ~62 GB, "
                                         "so lower this (e.g. 128) on an 80 GB GPU")
 
-    # --- exploration (DESIGN.md §3 steps 2-6 and the baselines)
+    # --- exploration (README.md, "The algorithm", steps 2-6, and the baselines)
     explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
                           "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures",
                           ("none", "neighbor", "soft", "gaussian"))
@@ -83,7 +83,13 @@ class Config:
     loss_agg: str = option("token-mean", "how token losses become the loss: token-mean = over all response tokens "
                            "of the mini-batch; seq-mean-token-mean = mean per sequence, then over sequences; "
                            "seq-mean-token-sum-norm = each sequence's sum / max_new_tokens, then mean over sequences "
-                           "(Dr. GRPO)", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+                           "(Dr. GRPO); token-mean-per-rows = the token mean of each run of --loss-agg-rows "
+                           "consecutive sequences, then the mean over those runs (what the released verl runs "
+                           "computed with 2 sequences per GPU micro-batch). --loss gspo without --loss-agg: "
+                           "seq-mean-token-mean", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                                                   "token-mean-per-rows"))
+    loss_agg_rows: int = option(2, "token-mean-per-rows: sequences per run (a loss definition: independent of "
+                                "--micro-batch-size)")
     ppo_epochs: int = option(1, "passes over each rollout batch")
     mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)")
     micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does not "
@@ -130,12 +136,30 @@ class Config:
     resume: bool = option(False, "continue exactly from the latest complete checkpoint in --out-dir")
     overwrite: bool = option(False, "start a new run in an --out-dir that holds checkpoints of an earlier one, "
                                     "deleting them (without it such a run stops at once; ignored with --resume)")
-    log_completions_every: int = option(10, "print a few sample completions every N steps (0 = never)")
+    allow_config_change: bool = option(False, "with --resume: continue even though settings other than how the "
+                                       "run is driven (steps, saving, logging, device) differ from the checkpoint's")
+    log_completions_every: int = option(10, "print two sample completions every N steps and append them to "
+                                        "OUT/completions.jsonl (0 = never)")
     eval_data: str = option("", "held-out problems for accuracy before / after training (a file or arith:...); "
                             "empty = the test split of a built-in --data, else none")
     eval_problems: int = option(0, "held-out problems scored (greedy) before and after training (0 = no held-out eval)")
     eval_every: int = option(0, "also score the held-out problems every N steps (0 = only before and after)")
-    device: str = option("", "cuda or cpu (empty = cuda when available)")
+    device: str = option("", "cuda or cpu (empty = cuda when available; under torchrun each rank uses "
+                              "cuda:LOCAL_RANK)")
+    dist_timeout_s: float = option(1800.0, "under torchrun: a rank that waits this long for the others (one "
+                                   "hung or died) stops the job with an error instead of waiting for ever")
+
+    # --- validation during training: eval.py's protocol on benchmarks, as the released runs did
+    val_data: str = option("", "benchmarks sampled and scored during training, as eval.py's --benchmarks "
+                           "(aime24, ..., or .jsonl files); empty = no validation")
+    val_n: int = option(32, "samples per validation problem (Mean@n, Pass@k as eval.py reports them)")
+    val_limit: int = option(0, "only the first N problems of each validation set (0 = all)")
+    val_temperature: float = option(0.6, "sampling temperature of validation (0 = greedy)")
+    val_top_p: float = option(0.95, "nucleus threshold of validation sampling")
+    val_every: int = option(0, "validate every N steps (0 = only after the last step)")
+    val_before_train: bool = option(False, "also validate the starting model (summary.json: val_before)")
+    keep_best: str = option("", "keep the weights of the step with the highest value of this validation metric "
+                            "(e.g. val/aime24/mean@32) in OUT/best, beside the latest checkpoints")
 
     def __post_init__(self):
         problems = []
@@ -146,16 +170,20 @@ class Config:
         checks = [
             (0.0 <= self.mix_rate <= 1.0, "mix_rate must be in [0, 1]"),
             (self.num_neighbors >= 1, "num_neighbors must be at least 1"),
-            (self.group_size >= 1 and self.prompts_per_step >= 1, "group_size and prompts_per_step must be >= 1"),
+            (self.group_size >= 2, f"group_size must be at least 2, not {self.group_size}: advantages compare the "
+             "responses of a group, so a group of one carries no learning signal"),
+            (self.prompts_per_step >= 1, "prompts_per_step must be >= 1"),
             (self.mini_batch_prompts >= 1 and self.prompts_per_step % self.mini_batch_prompts == 0,
              f"mini_batch_prompts ({self.mini_batch_prompts}) must divide prompts_per_step ({self.prompts_per_step})"),
+            (self.loss_agg_rows >= 1, "loss_agg_rows must be at least 1"),
             (self.micro_batch_size >= 1 and self.logprob_chunk_tokens >= 1, "micro_batch_size and "
              "logprob_chunk_tokens must be at least 1"),
             (self.rollout_batch_size >= 0, "rollout_batch_size must be >= 0 (0 = all rows at once)"),
             (self.sft_steps >= 0 and self.sft_batch_size >= 1 and self.sft_lr > 0, "sft_steps must be >= 0, "
              "sft_batch_size >= 1 and sft_lr > 0"),
             (self.device in ("", "cpu", "cuda") or self.device.startswith("cuda:"), "device must be cpu or cuda"),
-            (self.temperature > 0, "temperature must be > 0"),
+            (self.dist_timeout_s > 0, "dist_timeout_s must be > 0"),
+            (self.temperature >= 0, "temperature must be >= 0 (0 = greedy, for evaluation only)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k >= 0 and self.soft_top_k >= 1, "top_k must be >= 0 and soft_top_k >= 1"),
             (self.clip_low >= 0 and self.clip_high >= 0, "clip_low and clip_high must be >= 0"),
@@ -164,8 +192,19 @@ class Config:
             (self.old_logp == "replay" or (self.top_p == 1.0 and self.top_k == 0),
              "old_logp=rollout needs top_p=1 and top_k=0: with filtering the sampler's log-probs are of the "
              "filtered distribution and the replayed ones are not"),
-            (self.max_prompt_tokens >= 1 and self.max_new_tokens >= 1, "token limits must be >= 1"),
+            (self.max_prompt_tokens >= 1 and self.max_new_tokens >= 1, "max_prompt_tokens and max_new_tokens must "
+             "be >= 1"),
+            (self.max_steps >= 0 and self.save_every >= 0 and self.keep_last >= 0 and self.eval_problems >= 0
+             and self.eval_every >= 0 and self.log_completions_every >= 0 and self.ppo_epochs >= 1,
+             "max_steps, save_every, keep_last, eval_problems, eval_every and log_completions_every must be >= 0, "
+             "ppo_epochs >= 1"),
             (self.virtual_max_count >= 1, "virtual_max_count must be at least 1"),
+            (self.val_n >= 1 and self.val_limit >= 0 and self.val_every >= 0, "val_n must be >= 1, val_limit and "
+             "val_every >= 0"),
+            (self.val_temperature >= 0 and 0.0 < self.val_top_p <= 1.0, "val_temperature must be >= 0 and "
+             "val_top_p in (0, 1]"),
+            (not self.keep_best or (self.val_data and self.keep_best.startswith("val/")), "keep_best names a "
+             "validation metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
             (self.max_refill_draws >= 0, "max_refill_draws must be >= 0"),
             (not self.refill or self.filter_groups != "none", "refill needs --filter-groups: with nothing "
              "filtered there is nothing to refill"),
@@ -176,33 +215,70 @@ class Config:
         if problems:
             raise ValueError("invalid config: " + "; ".join(problems))
 
+    def check_trainable(self) -> None:
+        """The rules that only training adds: a ValueError naming what to change."""
+        if self.temperature == 0:
+            raise ValueError("temperature 0 is greedy decoding: every response of a group would be the same and "
+                             "GRPO would have no signal; train with --temperature > 0")
+
     def save_json(self, path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load_json(cls, path) -> "Config":
-        values = json.loads(Path(path).read_text())
+        """A saved config.json; a file that is not one gives a ValueError that names it."""
+        try:
+            values = json.loads(Path(path).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: not a JSON config ({error})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: a config is a JSON object of field: value, not {type(values).__name__}")
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - known.keys())
         if unknown:
             raise ValueError(f"{path}: unknown config keys {unknown}")
-        # JSON writes 1e-6 and 0.0 faithfully but an integer-valued float may come back as an int.
-        return cls(**{k: float(v) if known[k].type is float else v for k, v in values.items()})
+        for name, value in values.items():
+            kind = known[name].type
+            # JSON writes 1e-6 and 0.0 faithfully but an integer-valued float may come back as an int.
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                values[name] = float(value)
+            elif not isinstance(values[name], kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"{path}: {name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
+        return cls(**values)
+
+
+# Fields that say how a run is driven rather than what it computes: they may change on --resume.
+RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
+                      "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
+                      "val_before_train", "dist_timeout_s")
 
 
 _1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+_7B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+# What every released config (verl ppo_trainer + configs/*.yaml) ran beyond our defaults: verl's token mean per
+# micro-batch of 2 sequences per GPU averaged over micro-batches; validation on AIME24 before training and
+# after every step (val n 32, temperature 0.6, top-p 0.95) keeping the best checkpoint by its mean@32;
+# a checkpoint every 10 steps, one kept.
+_RELEASED = dict(loss_agg="token-mean-per-rows", loss_agg_rows=2, val_data="aime24", val_n=32, val_every=1,
+                 val_before_train=True, keep_best="val/aime24/mean@32", save_every=10, keep_last=1)
+# In the released N-GRPO runs the mixed embedding lookup runs where FSDP gathers the weights without writing
+# gradients back: the input embeddings never change.
+_MIXING_RUN = dict(freeze_embeddings=True)
 _SMALL = dict(model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=256, max_new_tokens=24,
               prompts_per_step=16, mini_batch_prompts=8, micro_batch_size=64, lr=2e-4, kl_coef=0.0,
               save_every=0, log_completions_every=0, grad_checkpointing=False)
 
 PRESETS: dict[str, dict] = {
-    # The released code's N-GRPO recipe for 1.5B: the dataclass defaults.
-    "paper-1.5b": dict(model=_1P5B),
-    # 7B: mix rate 0.15 with 2 neighbors (released code).
-    "paper-7b": dict(model="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", mix_rate=0.15, num_neighbors=2),
-    # The GRPO baseline: no mixing, lr 1e-6, KL 0.001.
-    "grpo-1.5b": dict(model=_1P5B, explore="none", lr=1e-6, kl_coef=0.001),
+    # The released code's recipes (configs/*.yaml of github.com/ZJUSCL/N-GRPO; README "Paper text vs released
+    # code vs this repo"): the dataclass defaults plus what the released runs did beyond them.
+    "paper-1.5b": dict(_RELEASED, **_MIXING_RUN, model=_1P5B),  # n-grpo_1_5b.yaml
+    "paper-7b": dict(_RELEASED, **_MIXING_RUN, model=_7B, mix_rate=0.15, num_neighbors=2, lr=1e-6,  # n-grpo_7b.yaml
+                     kl_coef=0.001),
+    "grpo-1.5b": dict(_RELEASED, model=_1P5B, explore="none", lr=1e-6, kl_coef=0.001),  # grpo_1_5b.yaml
+    "grpo-7b": dict(_RELEASED, model=_7B, explore="none", lr=1e-6, kl_coef=0.001),  # grpo_7b.yaml
+    # N-GSPO: the 1.5B recipe with GSPO's sequence-level ratio and its per-sequence mean.
+    "n-gspo-1.5b": dict(_RELEASED, **_MIXING_RUN, model=_1P5B, loss="gspo", loss_agg="seq-mean-token-mean"),
     # NGRPO, Negative-enhanced GRPO (Nan et al. 2025)'s recipe: calibrated advantages, clip 0.16 / 0.24, all-correct
     # groups dropped, no KL. It keeps the default N-GRPO mixing (--explore neighbor) since the two compose;
     # add --explore none for NGRPO alone.
@@ -224,14 +300,34 @@ def preset(name: str) -> Config:
 
 
 # First field of each section of --help -> the section's title.
-SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts", "explore": "exploration (DESIGN.md §3)",
+SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts", "explore": "exploration (README.md, 'The algorithm')",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
-            "sft_steps": "supervised warm start", "seed": "the run"}
+            "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None) -> None:
+    """One flag per Config field (or per field in `names`), in the sections of SECTIONS, each showing its
+    default (from `defaults` where given). Flags not given stay out of the namespace (SUPPRESS), so a caller
+    can tell an explicit value from a default."""
+    defaults = defaults or {}
+    group = parser
+    for f in fields(Config):
+        if f.name in SECTIONS:
+            group = parser.add_argument_group(SECTIONS[f.name])
+        if names is not None and f.name not in names:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults.get(f.name, f.default)
+        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+        if f.type is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(flag, type=f.type, choices=f.metadata["choices"], default=argparse.SUPPRESS,
+                               metavar=f.name.upper() if not f.metadata["choices"] else None, help=help_text)
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
-    """`--preset`, `--config`, and one flag per Config field. Flags not given stay out of the namespace, so
-    parse_config can tell an explicit value from a default."""
+    """`--preset`, `--config`, `--print-config` and one flag per Config field."""
     presets = "\n".join(f"  {name}: {', '.join(f'{k}={v}' for k, v in overrides.items())}"
                         for name, overrides in PRESETS.items())
     parser = argparse.ArgumentParser(
@@ -241,28 +337,26 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=list(PRESETS),
                         help="named starting point (default: paper-1.5b); flags given override it (see below)")
     parser.add_argument("--config", metavar="JSON", help="start from a run's saved config.json instead of a preset")
-    group = parser
-    for f in fields(Config):
-        if f.name in SECTIONS:
-            group = parser.add_argument_group(SECTIONS[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
-        if f.type is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        else:
-            group.add_argument(flag, type=f.type, choices=f.metadata["choices"], default=argparse.SUPPRESS,
-                                metavar=f.name.upper() if not f.metadata["choices"] else None, help=help_text)
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (preset + --config + flags) as JSON and exit")
+    add_config_flags(parser)
     return parser
 
 
 def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     parser = build_parser(description)
     args = vars(parser.parse_args(argv))
-    config_path, preset_name = args.pop("config"), args.pop("preset")
+    config_path, preset_name, show = args.pop("config"), args.pop("preset"), args.pop("print_config")
     if config_path and preset_name:
         parser.error("--config and --preset both name a starting point: give one of them")
     try:
         base = Config.load_json(config_path) if config_path else preset(preset_name or "paper-1.5b")
-        return replace(base, **args)
+        if args.get("loss") == "gspo" and base.loss != "gspo" and "loss_agg" not in args:
+            args["loss_agg"] = "seq-mean-token-mean"  # GSPO's own sequence-level mean (the release's N-GSPO)
+        cfg = replace(base, **args)
     except (ValueError, OSError) as error:
         parser.error(str(error))
+    if show:
+        print(json.dumps(asdict(cfg), indent=2))
+        parser.exit()
+    return cfg

@@ -7,7 +7,7 @@ Every problem set, whatever its field names, becomes a list of records {id, prob
 
 Sources: a local .jsonl / .json (a list) / .parquet file, a hub dataset id (downloaded through
 huggingface_hub), or the built-in `arith` set of generated arithmetic word problems. A record is turned
-into a prompt exactly as DESIGN.md §3 says: one user turn rendered with the tokenizer's chat template.
+into a prompt exactly as README.md ("The algorithm") says: one user turn rendered with the tokenizer's chat template.
 The built-in `tiny` tokenizer (bytes + the DeepSeek chat tokens) lets all of this run offline.
 """
 
@@ -103,6 +103,11 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
+def pad_id_of(tokenizer) -> int:
+    """The id that pads prompts and finished responses: the tokenizer's pad token, else its end of sequence."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int, style: str = "math",
                       final_period: bool = True) -> tuple[list[dict], int]:
     """Adds `prompt_ids` to each problem (style "math" or "gpqa") and drops those longer than
@@ -131,6 +136,8 @@ def load_problems(source: str, *, split: str = "train", limit: int | None = None
         path = Path(source).expanduser()
         if path.is_file():
             problems = read_problem_file(path)
+        elif path.is_dir():
+            raise DataError(f"{source} is a directory: pass one .jsonl / .json / .parquet file of problems")
         elif path.exists() or source.count("/") != 1 or path.suffix in DATA_SUFFIXES:
             raise DataError(f"{source}: no such file, and not a built-in set (arith) or a hub dataset id (owner/name)")
         else:
@@ -243,6 +250,13 @@ def normalise_record(record, where: str, *, default_id: str) -> dict:
         answer = (extract_answer(record["solution"]) or "").strip()
     if not answer:
         raise DataError(f"{where}: no usable answer (no non-empty 'answer' field and no \\boxed{{}} in 'solution')")
+    for name, text in (("problem", problem), ("answer", answer)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800", legal in JSON, not in UTF-8
+            bad = text[error.start : error.end].encode("unicode_escape").decode()
+            raise DataError(f"{where}: the {name} holds {bad}, half of a UTF-16 surrogate pair, which is not text; "
+                            "fix or drop this record") from None
     found_id = next((record[k] for k in ID_FIELDS if record.get(k) not in (None, "")), default_id)
     return {**({"solution": record["solution"]} if isinstance(record.get("solution"), str) else {}),
             "id": str(found_id), "problem": problem, "answer": answer}
@@ -379,3 +393,15 @@ class PromptBatcher:
                              f"but this run has {len(self.items)} problems with seed {self.seed}")
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._epoch_order(self.epoch)
+
+
+def describe_load_error(error: Exception, flag: str) -> str:
+    """A loading failure as one line that names the flag it came from, with what to do when it needed the
+    network (these machines may not reach the Hugging Face hub)."""
+    text = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error).strip() else type(error).__name__
+    if isinstance(error, (DataError, FileNotFoundError)) and str(error).strip():
+        text = str(error).splitlines()[0]
+    if any(word in text for word in ("Connect", "Timeout", "resolve", "offline", "HTTP", "Network", "LocalEntry")):
+        text += (f" ({flag} needed the Hugging Face hub, which did not answer: pass a local file or directory, or "
+                 "set HF_HUB_OFFLINE=1 to use only what is in the local cache)")
+    return f"cannot load {flag}: {text}"

@@ -2,7 +2,7 @@
 
     python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500
     python eval.py --model tiny --benchmarks ../shared/data/eval/math500.jsonl --limit 6 --n 4 --max-new-tokens 16
-    torchrun --nproc-per-node 8 eval.py --model runs/ngrpo/checkpoints/step-500 --batch-size 64   # one node
+    torchrun --nproc-per-node 8 -- eval.py --model runs/ngrpo/checkpoints/step-500 --batch-size 64
 
 Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
 evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+import config
 import data
 import distributed
 import reward
@@ -61,6 +62,38 @@ def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
     else:
         raise data.DataError(f"unknown benchmark {spec!r}: use one of {', '.join(HUB_BENCHMARKS)} or a .jsonl/.json path")
     return name, problems, "choice" if "gpqa" in name.lower() else "math"
+
+
+def load_benchmarks(specs: str, limit: int | None, *, flag: str) -> list[tuple[str, list[dict], str]]:
+    """load_benchmark for each of a comma-separated list; a failure is one DataError naming `flag`."""
+    benchmarks = []
+    for spec in (spec.strip() for spec in specs.split(",") if spec.strip()):
+        try:
+            benchmarks.append(load_benchmark(spec, limit))
+        except Exception as error:  # a missing file, a malformed line, the hub: one line naming the flag
+            raise data.DataError(data.describe_load_error(error, f"{flag} {spec}")) from None
+    return benchmarks
+
+
+def render_prompts(benchmarks, tokenizer) -> list[tuple[str, list[dict], str]]:
+    """The benchmarks with each problem's prompt_ids (the math prompt, or GPQA's for multiple choice)."""
+    return [(name, data.tokenize_problems(problems, tokenizer, max_prompt_tokens=10**9,
+                                          style="gpqa" if kind == "choice" else "math")[0], kind)
+            for name, problems, kind in benchmarks]
+
+
+def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
+    """evaluate()'s generate_fn: (prompt ids, seed) -> (decoded responses, tokens generated)."""
+    from rollout import generate
+
+    def generate_fn(prompts, seed):
+        generator = torch.Generator(model.embed_tokens.weight.device).manual_seed(seed)
+        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator,
+                           progress=progress)
+        responses = rollout.responses()
+        return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
+
+    return generate_fn
 
 
 def summarize(correct: dict[str, list[bool]], n: int) -> dict:
@@ -152,16 +185,17 @@ def finished_samples(samples_path: Path, resume: bool) -> dict:
 
 def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) -> tuple[list[dict], int]:
     """Generates and scores one batch of (prompt length, problem index, sample) items; returns the records
-    of the samples not yet in `done` and the number of tokens generated."""
+    of the samples not yet in `done` (a batch of another --batch-size may have done part of this one) and
+    the number of tokens generated."""
     keys = [(name, problems[i]["id"], s) for _, i, s in batch]
     if all(key in done for key in keys):
         return [], 0
     texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed)
     scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
-    # (a batch of another --batch-size may have done part of this one)
     records = [{"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
-                "extracted": extracted_answer(text, kind), "correct": bool(score)}
-               for key, text, score in zip(keys, texts, scores) if key not in done]
+                "extracted": extracted_answer(text, kind), "reference": problems[i]["answer"],
+                "correct": bool(score)}
+               for (_, i, _), key, text, score in zip(batch, keys, texts, scores) if key not in done]
     return records, num_tokens
 
 
@@ -188,105 +222,140 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
     return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))
 
 
+# The Config fields eval.py shares with train.py (same flags, same help, same validation), and the
+# defaults of the paper's evaluation protocol where they differ from training's.
+EVAL_FIELDS = ("model", "tokenizer", "max_new_tokens", "temperature", "top_p", "top_k", "explore", "mix_rate",
+               "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
+               "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite",
+               "device", "dist_timeout_s")
+EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
+# What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
+RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "n", "max_new_tokens", "temperature", "top_p",
+                   "top_k", "explore", "mix_rate", "num_neighbors", "mix_weights", "neighbor_space",
+                   "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "seed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="checkpoint directory, hub id, or 'tiny'")
-    parser.add_argument("--tokenizer", default="", help="tokenizer directory or hub id (default: the model's own)")
     parser.add_argument("--benchmarks", default="aime24,aime25,amc23,math500",
                         help="comma-separated names (aime24, aime25, amc23, math500 from the hub) or local "
-                             ".jsonl/.json paths; a file named *gpqa* is scored as multiple choice")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
-    parser.add_argument("--n", type=int, default=32, help="samples per problem")
-    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (0 = greedy)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
-    parser.add_argument("--max-new-tokens", type=int, default=8192, help="maximum response length")
-    parser.add_argument("--batch-size", type=int, default=0, help="sequences per batch (0 = as many as memory allows)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of all sampling")
-    parser.add_argument("--out-dir", default="runs/eval", help="where samples.jsonl and results.json go")
-    parser.add_argument("--resume", action="store_true", help="keep the samples already in OUT/samples.jsonl")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cuda or cpu (under torchrun each rank uses cuda:LOCAL_RANK)")
-    parser.add_argument("--dist-timeout-s", type=float, default=1800.0,
-                        help="under torchrun: a rank waiting this long for the others stops the job")
-    parser.add_argument("--explore", default="none", choices=["none", "neighbor", "soft", "gaussian"],
-                        help="mixing at inference (the paper's ablation; soft = Soft Thinking)")
-    parser.add_argument("--mix-rate", type=float, default=0.1, help="neighbor / gaussian: mixing probability per step")
-    parser.add_argument("--num-neighbors", type=int, default=1, help="neighbor: neighbors mixed with the anchor")
-    parser.add_argument("--mix-weights", default="code", choices=["code", "renorm"], help="neighbor: mixture weights")
-    parser.add_argument("--neighbor-space", default="output", choices=["output", "input"],
-                        help="neighbor: matrix the neighbors are searched in")
-    parser.add_argument("--neighbor-metric", default="cosine", choices=["cosine", "dot", "l2", "l1"],
-                        help="neighbor: similarity")
-    parser.add_argument("--soft-top-k", type=int, default=10, help="soft / gaussian: tokens in the mixture")
-    parser.add_argument("--noise-sigma", type=float, default=0.33, help="gaussian: noise std / mixture RMS")
+                             ".jsonl/.json paths; a file named *gpqa* is scored as multiple choice "
+                             "(default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark "
+                        "(default: all)")
+    parser.add_argument("--n", type=int, default=32, help="samples per problem (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=0, help="sequences decoded together (default: 0 = as "
+                        "many as half the free GPU memory holds; 16 on a CPU)")
+    config.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS)
     return parser
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
+    """The eval-only flags and a Config of the shared ones, validated by the same rules as train.py's."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    shared = {**EVAL_DEFAULTS, **{name: getattr(args, name) for name in EVAL_FIELDS if hasattr(args, name)}}
+    problems = [message for ok, message in [
+        (args.n >= 1, f"--n must be at least 1, not {args.n}"),
+        (args.limit is None or args.limit >= 1, f"--limit must be at least 1, not {args.limit}"),
+        (args.batch_size >= 0, f"--batch-size must be >= 0 (0 = automatic), not {args.batch_size}"),
+        ("model" in shared, "--model is required: a checkpoint directory, a hub id, or 'tiny'"),
+    ] if not ok]
+    if problems:
+        parser.error("; ".join(problems))
+    try:
+        cfg = config.Config(**shared)
+    except ValueError as error:
+        parser.error(str(error))
+    return args, cfg
+
+
+def settings_of(args: argparse.Namespace, cfg: config.Config) -> dict:
+    return {name: getattr(args, name) if hasattr(args, name) else getattr(cfg, name) for name in RESULT_SETTINGS}
+
+
+def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: bool) -> None:
+    """An out-dir holding an earlier evaluation needs --resume (with the same settings) or --overwrite.
+    Checked before anything is loaded; main writes OUT/settings.json before the first sample."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise data.DataError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
+    saved_path, samples = out_dir / "settings.json", out_dir / "samples.jsonl"
+    if resume and saved_path.exists():
+        saved = json.loads(saved_path.read_text())
+        changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {v!r}" for k, v in settings.items()
+                   if saved.get(k) != v]
+        if changed:
+            raise data.DataError(f"--resume: {out_dir} holds samples made with other settings ({', '.join(changed)}); "
+                                 "resume with the same settings, or pass --overwrite or another --out-dir")
+    elif resume and samples.exists():
+        raise data.DataError(f"--resume: {out_dir} has samples but no settings.json to check them against; pass "
+                             "--overwrite to start over")
+    elif samples.exists() and not overwrite:
+        raise data.DataError(f"{out_dir} holds an earlier evaluation (samples.jsonl); pass --resume to continue it, "
+                             "--overwrite to start over there (deleting it), or another --out-dir")
 
 
 def main(argv=None) -> dict:
     """Under torchrun every rank loads the model and samples its share of the batches (see `evaluate`)."""
-    args = build_parser().parse_args(argv)
+    args, cfg = parse_args(argv)
     try:
-        world = distributed.init_world(args.device, args.dist_timeout_s)
+        world = distributed.init_world(cfg.device, cfg.dist_timeout_s)
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:
-        return run(args, world)
+        return run(args, cfg, world)
     finally:
         distributed.close_world(world)
 
 
-def run(args, world: World) -> dict:
-    from model import load_model
-    from rollout import Exploration, Sampling, generate
+def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
+    from model import load_model, resolve_device
+    from rollout import Sampling, exploration_from_config
 
+    out_dir = Path(cfg.out_dir)
     try:
-        benchmarks = [load_benchmark(spec.strip(), args.limit) for spec in args.benchmarks.split(",") if spec.strip()]
-    except (data.DataError, OSError) as error:
+        device = world.device if world.distributed else resolve_device(cfg.device)
+        settings = settings_of(args, cfg)
+        if world.is_main:
+            claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
+        distributed.barrier(world)
+        benchmarks = load_benchmarks(args.benchmarks, args.limit, flag="--benchmarks")
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        try:
+            model = load_model(cfg.model, dtype=dtype, device=device).eval()
+            tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
+        except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
+            raise data.DataError(data.describe_load_error(error, f"--model {cfg.model}")) from None
+        exploration = exploration_from_config(cfg, tokenizer)
+    except (data.DataError, ValueError) as error:
         sys.exit(f"error: {error}")
-    device = world.device
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        model = load_model(args.model, dtype=dtype, device=device).eval()
-        tokenizer = data.load_tokenizer(args.tokenizer or args.model)
-    except (OSError, ValueError) as error:
-        sys.exit(f"error: cannot load --model {args.model!r}: {error}")
-    prompted = []
-    for name, problems, kind in benchmarks:
-        kept, _ = data.tokenize_problems(problems, tokenizer, max_prompt_tokens=10**9,
-                                               style="gpqa" if kind == "choice" else "math")
-        prompted.append((name, kept, kind))
+    prompted = render_prompts(benchmarks, tokenizer)
     table = None
-    if args.explore == "neighbor" and world.is_main:  # built once, on rank 0, and shared
-        from neighbors import build_neighbor_table
+    if cfg.explore == "neighbor" and world.is_main:  # built once, on rank 0, and shared
+        from neighbors import table_for
 
-        matrix = model.output_weight if args.neighbor_space == "output" else model.embed_tokens.weight
-        table = build_neighbor_table(matrix.detach(), args.num_neighbors, args.neighbor_metric).cpu()
+        table = table_for(model, cfg).cpu()
     table = distributed.broadcast_object(table, world)
     table = None if table is None else table.to(device)
-    think_end = tokenizer.convert_tokens_to_ids("</think>")
-    exploration = Exploration(args.explore, mix_rate=args.mix_rate, num_neighbors=args.num_neighbors,
-                              weights=args.mix_weights, top_k=args.soft_top_k, noise_sigma=args.noise_sigma,
-                              stop_mixing_id=think_end if isinstance(think_end, int) and think_end >= 0 else None)
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                        stop_ids=(tokenizer.eos_token_id,), pad_id=tokenizer.pad_token_id or 0)
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                        max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
+                        pad_id=data.pad_id_of(tokenizer))
     longest = max(len(p["prompt_ids"]) for _, problems, _ in prompted for p in problems)
-    batch_size = args.batch_size or auto_batch_size(model, longest + args.max_new_tokens,
+    batch_size = args.batch_size or auto_batch_size(model, longest + cfg.max_new_tokens,
                                                     sum(len(p) for _, p, _ in prompted) * args.n)
     batch_size = distributed.broadcast_object(batch_size, world)  # rank 0's: batches must agree across ranks
 
-    def generate_fn(prompts, seed):
-        generator = torch.Generator(device).manual_seed(seed)
-        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, generator=generator,
-                           progress=world.is_main)
-        responses = rollout.responses()
-        return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
-
+    if world.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    generate_fn = sampler_fn(model, tokenizer, sampling, exploration, table, progress=world.is_main)
     with reward.RewardPool() as pool:
-        results = evaluate(prompted, generate_fn, n=args.n, out_dir=args.out_dir, batch_size=batch_size,
-                           seed=args.seed, resume=args.resume, world=world,
+        results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
+                           seed=cfg.seed, resume=cfg.resume, world=world,
                            score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
     if world.is_main:
         print(format_table(results))
+        print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
     return results
 
 

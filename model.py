@@ -415,18 +415,26 @@ def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda") -> Tra
     path = resolve_checkpoint(name_or_path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json")
-    hf_config = json.loads((path / "config.json").read_text())
+    try:
+        hf_config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path / 'config.json'}: not a JSON model config ({error})") from None
     cfg = ModelConfig.from_hf(hf_config)
     with torch.device("meta"):
         model = Transformer(cfg)
     expected = model.state_dict().keys()
     state = {}
     for file in _checkpoint_files(path):
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for hf_key in f.keys():
-                key = hf_key.removeprefix("model.")
-                if key in expected:  # skips e.g. a tied lm_head copy or an old rotary_emb.inv_freq
-                    state[key] = f.get_tensor(hf_key).to(dtype)
+        try:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for hf_key in f.keys():
+                    key = hf_key.removeprefix("model.")
+                    if key in expected:  # skips e.g. a tied lm_head copy or an old rotary_emb.inv_freq
+                        state[key] = f.get_tensor(hf_key).to(dtype)
+        except Exception as error:  # safetensors raises its own error type for a truncated or corrupt file
+            if isinstance(error, torch.OutOfMemoryError):
+                raise
+            raise ValueError(f"{file}: not a readable safetensors file, truncated or corrupt? ({error})") from None
     missing = sorted(set(expected) - state.keys())
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {missing[:3]}")
@@ -473,3 +481,18 @@ def save_model(model: Transformer, out_dir, tokenizer=None, *, max_shard_bytes: 
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
+
+
+def kv_cache_bytes(cfg: ModelConfig, rows: int, tokens: int, dtype=torch.bfloat16) -> int:
+    """Bytes of a KV cache for `rows` sequences of `tokens` positions (keys and values of every layer)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * rows * element
+
+
+def resolve_device(name: str = "") -> torch.device:
+    """The device a --device flag names ("" = cuda when available); a GPU this torch cannot see is a
+    ValueError saying what to do."""
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this torch build ({torch.__version__}) sees no CUDA GPU; pass --device "
+                         "cpu or install a CUDA build of torch")
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))

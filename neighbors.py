@@ -113,3 +113,10 @@ def _save_atomically(table: torch.Tensor, path: Path) -> None:
     except BaseException:
         os.unlink(tmp_path)
         raise
+
+
+def table_for(model, cfg, *, cache_dir=None) -> torch.Tensor:
+    """The neighbor table a Config asks for over `model`: --neighbor-space picks the matrix searched (output
+    = lm_head, as the released code; input = the embedding matrix), --neighbor-metric the similarity."""
+    matrix = model.output_weight if cfg.neighbor_space == "output" else model.embed_tokens.weight
+    return build_neighbor_table(matrix.detach(), cfg.num_neighbors, cfg.neighbor_metric, cache_dir=cache_dir)

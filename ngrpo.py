@@ -1,4 +1,4 @@
-"""The N-GRPO algorithm: what training does with a Rollout (DESIGN.md §3, "GRPO update").
+"""The N-GRPO algorithm: what training does with a Rollout (README.md, "The algorithm").
 
     rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
             -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL)
@@ -11,9 +11,14 @@ mini-batch (or a mean over its sequences, --loss-agg): each micro-batch divides 
 (or sequence) count, so the gradient does not depend on how the mini-batch is split.
 """
 
+import contextlib
+import sys
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from tqdm import tqdm
 
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
@@ -37,6 +42,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "gr
 
     >>> group_advantages(torch.tensor([1., 0., 0., 0.]), 4)   # mean 0.25, std 0.5
     tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
+
     A group whose rewards are all equal gets 0; so does a group of one. scale: group = the group's std,
     batch = the std of all `rewards`, none = centre only (Dr. GRPO).
 
@@ -92,18 +98,45 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (diff.exp() - diff - 1.0).clamp(-10.0, 10.0)
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, normalizer, max_tokens: int) -> torch.Tensor:
+def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, normalizer, max_tokens: int,
+              group_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token values [B, T] -> one number: token-mean = sum over `mask` / normalizer (the mini-batch's
     token count); seq-mean-token-mean = each row's mean over its tokens, summed / normalizer (the
-    mini-batch's sequence count); seq-mean-token-sum-norm = each row's sum / max_tokens, summed / normalizer."""
+    mini-batch's sequence count); seq-mean-token-sum-norm = each row's sum / max_tokens, summed / normalizer;
+    token-mean-per-rows = each row's sum / group_tokens (the tokens of its run of rows, [B]), summed /
+    normalizer (the mini-batch's number of runs)."""
     if mode == "token-mean":
         return (values * mask).sum() / normalizer
     row_sums = (values * mask).sum(-1)
-    per_row = mask.sum(-1).clamp_min(1.0) if mode == "seq-mean-token-mean" else max_tokens
+    if mode == "token-mean-per-rows":
+        per_row = group_tokens
+    else:
+        per_row = mask.sum(-1).clamp_min(1.0) if mode == "seq-mean-token-mean" else max_tokens
     return (row_sums / per_row).sum() / normalizer
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normalizer=None):
+def group_tokens(mask: torch.Tensor, rows: int) -> torch.Tensor:
+    """[B]: the response tokens of the run of `rows` consecutive rows (0..rows-1, rows..2 rows-1, ...) that
+    each row belongs to, at least 1.
+
+    >>> group_tokens(torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]]), 2)
+    tensor([3., 3., 3.])"""
+    run = torch.arange(mask.shape[0], device=mask.device) // rows  # [B]
+    per_run = torch.zeros(int(run[-1]) + 1, device=mask.device).index_add_(0, run, mask.float().sum(-1))
+    return per_run[run].clamp_min(1.0)
+
+
+def loss_normalizer(mask: torch.Tensor, loss_agg: str, rows: int = 1) -> torch.Tensor:
+    """What the summed loss of a mini-batch is divided by: its number of response tokens (token-mean), of
+    runs of `rows` rows (token-mean-per-rows), or of rows with at least one token (the per-sequence modes);
+    at least 1. mask: [B, T]."""
+    if loss_agg == "token-mean-per-rows":
+        return torch.tensor(float(-(-mask.shape[0] // rows)), device=mask.device)
+    count = mask.sum() if loss_agg == "token-mean" else mask.any(-1).sum()
+    return count.clamp_min(1).to(torch.float32)
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normalizer=None, run_tokens=None):
     """Clipped policy-gradient loss (+ kl_coef * k3 KL) aggregated over the tokens of `mask` as cfg.loss_agg
     says, divided by normalizer (default: this batch's token count for token-mean, else its count of rows
     with a token; pass the whole mini-batch's count when this is one micro-batch).
@@ -114,11 +147,15 @@ def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normali
     (fractions and ratio_mean are token means, or means of per-sequence token means in the seq modes)."""
     mask = mask.float()
     if normalizer is None:
-        normalizer = mask.sum() if cfg.loss_agg == "token-mean" else (mask.sum(-1) > 0).sum().float()
+        normalizer = loss_normalizer(mask, cfg.loss_agg, cfg.loss_agg_rows)
+    if run_tokens is None and cfg.loss_agg == "token-mean-per-rows":
+        run_tokens = group_tokens(mask, cfg.loss_agg_rows)
     total = lambda values: aggregate(values, mask, mode=cfg.loss_agg, normalizer=normalizer,
-                                     max_tokens=cfg.max_new_tokens)
-    mean = lambda values: aggregate(values, mask, mode="token-mean" if cfg.loss_agg == "token-mean"
-                                    else "seq-mean-token-mean", normalizer=normalizer, max_tokens=cfg.max_new_tokens)
+                                     max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
+    # Metrics (clip fractions, the mean ratio) are token means, per run of rows or per sequence as the loss is.
+    mean_mode = cfg.loss_agg if cfg.loss_agg in ("token-mean", "token-mean-per-rows") else "seq-mean-token-mean"
+    mean = lambda values: aggregate(values, mask, mode=mean_mode, normalizer=normalizer,
+                                    max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
     log_ratio = logp - old_logp
     if cfg.loss == "gspo":
         # One ratio per sequence; its gradient flows to every token through the mean.
@@ -202,9 +239,9 @@ def replay_inputs(embed_weight: torch.Tensor, prompts: list[list[int]], cand_ids
     ids = torch.where(in_prompt[..., None], prompt_ids[..., None], cand_ids.to(device).gather(
         1, step[..., None].expand(-1, -1, cand_ids.shape[-1])))  # [B, L, K]
     weights = cand_weights.to(device).gather(1, step[..., None].expand(-1, -1, cand_weights.shape[-1]))
-    first = torch.zeros_like(weights)
-    first[..., 0] = 1.0
-    weights = torch.where(in_prompt[..., None], first, weights)  # a prompt token: its own row, weight 1
+    own_row = torch.zeros_like(weights)
+    own_row[..., 0] = 1.0
+    weights = torch.where(in_prompt[..., None], own_row, weights)  # a prompt token: its own row, weight 1
     pred_pos = (prompt_lens[:, None] - 1 + torch.arange(T, device=device)[None]).clamp(max=L - 1)  # [B, T]
     return mixed_embeddings(embed_weight, ids, weights), pred_pos
 
@@ -218,3 +255,140 @@ def sequence_logprobs(model, prompts, cand_ids, cand_weights, lengths, response_
     hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
     return token_logprobs(hidden, model.output_weight, response_ids.to(hidden.device), temperature=temperature,
                           chunk_tokens=chunk_tokens)
+
+
+# ----------------------------------------------------------------------------- the update
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU (weights and optimizer stay fp32); nothing on CPU, where all is fp32."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+@dataclass
+class Episodes:
+    """A rollout and what the update needs beside it, row-aligned (N rows, T = the longest response)."""
+
+    rollout: object  # a rollout.Rollout: prompts, response_ids, lengths, the fed (cand_ids, cand_weights), ...
+    advantages: torch.Tensor  # [N]
+    old_logp: torch.Tensor  # [N, T]
+    ref_logp: torch.Tensor | None = None  # [N, T], when a KL term is on
+    in_loss: torch.Tensor | None = None  # [N] bool, rows whose tokens count (--mask-truncated); None = all
+
+    def __len__(self) -> int:
+        return len(self.rollout.prompts)
+
+    def rows(self, index: slice) -> "Episodes":
+        pick = lambda x: None if x is None else x[index]
+        return Episodes(self.rollout.select(index), self.advantages[index], self.old_logp[index],
+                        pick(self.ref_logp), pick(self.in_loss))
+
+    def loss_mask(self) -> torch.Tensor:
+        """[N, T] bool: the response tokens that count in the loss."""
+        mask = self.rollout.response_mask()
+        return mask if self.in_loss is None else mask & self.in_loss[:, None].to(mask.device)
+
+
+def micro_batches(num_rows: int, size: int) -> list[slice]:
+    """The row slices of each forward / backward pass: memory only, never the gradient."""
+    return [slice(start, start + size) for start in range(0, num_rows, size)]
+
+
+def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p, entropy) [N, T] of every response token, replaying the recorded inputs through `model` under
+    autocast at the sampling temperature."""
+    with autocast(model.embed_tokens.weight.device):
+        return sequence_logprobs(model, rollout.prompts, rollout.cand_ids, rollout.cand_weights, rollout.lengths,
+                                 rollout.response_ids, temperature=cfg.temperature,
+                                 chunk_tokens=cfg.logprob_chunk_tokens)
+
+
+@torch.no_grad()
+def replay_logprobs(model, rollout, cfg) -> torch.Tensor:
+    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch."""
+    slices = micro_batches(len(rollout.prompts), cfg.micro_batch_size)
+    # A bar only on a terminal, and only when replay takes more than 2 s.
+    bar = tqdm(slices, desc="replay", leave=False, delay=2, file=sys.stderr, disable=None)
+    return torch.cat([replay(model, rollout.select(rows), cfg)[0].float() for rows in bar])
+
+
+def make_episodes(policy, reference, rollout, advantages, cfg) -> tuple[Episodes, torch.Tensor]:
+    """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
+    |rollout - replay| log-prob gap of every response token (it shows sampler / trainer drift)."""
+    policy.eval()
+    replayed = replay_logprobs(policy, rollout, cfg)
+    logp_gap = (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
+    ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg)
+    old_logp = replayed if cfg.old_logp == "replay" else rollout.logprobs.float()
+    episodes = Episodes(rollout, advantages.to(replayed.device), old_logp, ref_logp,
+                        rollout.finished if cfg.mask_truncated else None)
+    return episodes, logp_gap
+
+
+def backward_minibatch(model, episodes: Episodes, cfg) -> dict:
+    """Accumulates into .grad the gradient of the loss over all response tokens of `episodes` (aggregated as
+    cfg.loss_agg says), cfg.micro_batch_size rows per forward / backward. Every micro-batch divides by the
+    whole mini-batch's loss_normalizer, so the gradient does not depend on the split. Returns the metrics,
+    or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
+    accumulated)."""
+    full_mask = episodes.loss_mask()
+    normalizer = loss_normalizer(full_mask, cfg.loss_agg, cfg.loss_agg_rows)
+    # token-mean-per-rows: runs of rows are counted over the whole mini-batch, not per micro-batch.
+    run_tokens = group_tokens(full_mask, cfg.loss_agg_rows) if cfg.loss_agg == "token-mean-per-rows" else None
+    device = model.embed_tokens.weight.device
+    totals: dict[str, float] = {}
+    entropy_sum = 0.0
+    for rows in micro_batches(len(episodes), cfg.micro_batch_size):
+        micro = episodes.rows(rows)
+        logp, entropy = replay(model, micro.rollout, cfg)
+        mask = micro.loss_mask().to(device)
+        with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
+            loss, metrics = policy_loss(logp, micro.old_logp.to(device), micro.advantages.to(device), mask,
+                                        ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
+                                        cfg=cfg, normalizer=normalizer.to(device),
+                                        run_tokens=None if run_tokens is None else run_tokens[rows].to(device))
+        if not torch.isfinite(loss):
+            return {"loss": float(loss.detach()), "finite": False}
+        loss.backward()
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+        entropy_sum += float((entropy * mask).sum())
+    totals["entropy"] = entropy_sum / float(full_mask.sum().clamp_min(1))
+    totals["finite"] = True
+    return totals
+
+
+def optimize(policy, optimizer, episodes: Episodes, cfg) -> tuple[dict, int]:
+    """ppo_epochs passes of mini-batch updates (mini_batch_prompts groups each, grad-norm clipped). A
+    mini-batch whose loss or gradient is not finite is skipped. Returns (metric -> values per update, skipped)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    policy.train()
+    update, skipped = {}, 0
+    per_minibatch = cfg.mini_batch_prompts * cfg.group_size
+    starts = [start for _ in range(cfg.ppo_epochs) for start in range(0, len(episodes), per_minibatch)]
+    for start in tqdm(starts, desc="update", unit="minibatch", leave=False, delay=2, file=sys.stderr,
+                      disable=None):
+        optimizer.zero_grad(set_to_none=True)
+        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        if not result.pop("finite") or not torch.isfinite(grad_norm):
+            skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
+            optimizer.zero_grad(set_to_none=True)
+            continue
+        optimizer.step()
+        result["grad_norm"] = float(grad_norm)
+        for key, value in result.items():
+            update.setdefault(key, []).append(value)
+    return update, skipped
+
+
+def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg) -> tuple[dict, int, torch.Tensor]:
+    """One rollout batch's whole update: group advantages -> replayed old / reference log-probs -> ppo_epochs
+    of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, mini-batches skipped,
+    the per-token |rollout - replay| log-prob gap)."""
+    virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
+    advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
+                                  virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
+    episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg)
+    per_step, skipped = optimize(policy, optimizer, episodes, cfg)
+    return {key: sum(values) / len(values) for key, values in per_step.items()}, skipped, logp_gap

@@ -18,7 +18,7 @@ the loop syncs with the host only every `check_every` steps to see whether every
 """
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,8 @@ from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
 
 STRATEGIES = ("none", "neighbor", "soft", "gaussian")
+# The row-aligned tensors of a Rollout, [B] or [B, T, ...].
+ROW_TENSORS = ("response_ids", "lengths", "finished", "logprobs", "cand_ids", "cand_weights", "mixed")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,34 @@ class Rollout:
     def response_mask(self) -> torch.Tensor:
         """[B, T] bool: True at the positions of each row's response (stop token included)."""
         return length_mask(self.lengths, self.response_ids.shape[1])
+
+    def select(self, index: slice | list[int]) -> "Rollout":
+        """The rows `index` (a slice or a list of row numbers), as a rollout."""
+        if not isinstance(index, slice):
+            prompts = [self.prompts[i] for i in index]
+            index = torch.tensor(index, dtype=torch.long, device=self.lengths.device)
+        else:
+            prompts = self.prompts[index]
+        return replace(self, prompts=prompts, **{name: getattr(self, name)[index] for name in ROW_TENSORS})
+
+    @staticmethod
+    def concat(rollouts: list["Rollout"], pad_id: int) -> "Rollout":
+        """Several rollouts as one, rows in order; responses right-padded to the longest (pad_id, weight 0)."""
+        if len(rollouts) == 1:
+            return rollouts[0]
+        T = max(r.response_ids.shape[1] for r in rollouts)
+
+        def padded(x, value):  # [B, T_r, ...] -> [B, T, ...]; lengths and finished are [B] and stay
+            if x.dim() == 1:
+                return x
+            out = x.new_full((x.shape[0], T, *x.shape[2:]), value)
+            out[:, : x.shape[1]] = x
+            return out
+
+        pads = dict(response_ids=pad_id, logprobs=0.0, cand_ids=pad_id, cand_weights=0.0, mixed=False)
+        return replace(rollouts[0], prompts=[p for r in rollouts for p in r.prompts],
+                       **{name: torch.cat([padded(getattr(r, name), pads.get(name, 0)) for r in rollouts])
+                          for name in ROW_TENSORS})
 
     def responses(self) -> list[list[int]]:
         return [ids[:n].tolist() for ids, n in zip(self.response_ids, self.lengths.tolist())]
@@ -328,3 +358,17 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
         logprobs=logprobs[:, :T], cand_ids=cand_ids_out[:, :T], cand_weights=cand_weights_out[:, :T],
         mixed=mixed_out[:, :T], logits=logits_out[:, :T] if keep_logits else None,
     )
+
+
+def exploration_from_config(cfg, tokenizer) -> Exploration:
+    """The Exploration a Config's flags describe (train.py and eval.py alike), with `stop_mixing_token`
+    looked up in the tokenizer: a token it does not have is an error, not a silent never-stop."""
+    stop_mixing_id = None
+    if cfg.stop_mixing_token and cfg.explore != "none":
+        stop_mixing_id = tokenizer.convert_tokens_to_ids(cfg.stop_mixing_token)
+        if not isinstance(stop_mixing_id, int) or stop_mixing_id < 0 or stop_mixing_id == tokenizer.unk_token_id:
+            raise ValueError(f"--stop-mixing-token {cfg.stop_mixing_token!r} is not one token of the tokenizer "
+                             "(pass --stop-mixing-token '' to mix until the end of the response)")
+    return Exploration(cfg.explore, mix_rate=cfg.mix_rate, num_neighbors=cfg.num_neighbors, weights=cfg.mix_weights,
+                       top_k=cfg.soft_top_k, mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma,
+                       stop_mixing_id=stop_mixing_id)

@@ -1,149 +1,348 @@
-"""N-GRPO training: the CLI entry and the loop. The math lives in ngrpo.py; this file moves data around.
+"""N-GRPO training: the command line and the step loop. The algorithm lives in ngrpo.py, the sampler in
+rollout.py, the reward in reward.py; this file builds a run, moves data between them and keeps its outputs.
 
     python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B      # the paper's recipe (paper-1.5b)
-    python train.py --preset demo                                          # offline, CPU, a few minutes
+    python train.py --preset demo                                          # offline, CPU, about a minute
 
-One step: draw prompts -> G rollouts each (rollout.generate, with the exploration strategy) -> rewards
-(RewardPool) -> group advantages -> old-policy and reference log-probs by replaying the recorded inputs
--> mini-batch updates (micro-batches with gradient accumulation, grad-norm clip) -> metrics.
+One step (`run`): collect_groups (draw prompts -> G rollouts each -> rewards, refilled and filtered as
+--filter-groups says) -> ngrpo.update (group advantages -> replayed old / reference log-probs -> clipped
+mini-batch steps) -> metrics -> checkpoint. Outputs in --out-dir: config.json, metrics.jsonl,
+completions.jsonl, checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
 """
 
-import contextlib
 import copy
 import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from config import Config, parse_config
-from data import DataError, PromptBatcher, load_problems, load_tokenizer, tokenize_problems
-from model import TINY_CONFIG, load_model, random_model, save_model
-from neighbors import build_neighbor_table
-from ngrpo import (group_advantages, keep_groups, length_mask, mixed_embeddings, overlong_penalty, policy_loss,
-                   sequence_logprobs, token_logprobs)
-from reward import RewardPool
-from rollout import Exploration, Sampling, generate
+import eval as evaluation
+from config import RUN_CONTROL_FIELDS, Config, parse_config
+from data import (DataError, PromptBatcher, describe_load_error, load_problems, load_tokenizer, pad_id_of,
+                  tokenize_problems)
+from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
+from neighbors import table_for
+from ngrpo import autocast, keep_groups, mixed_embeddings, overlong_penalty, token_logprobs, update
+from reward import RewardPool, extract_answer
+from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
+
+
+class RunError(SystemExit):
+    """A problem the user can fix (a flag, a file): the run stops with one line, `error: ...`, exit status 1."""
+
+    def __init__(self, message: str):
+        super().__init__(f"error: {message}")
 
 
 @dataclass
-class Episodes:
-    """Everything the update needs about a set of sampled sequences, row-aligned. T = longest response."""
+class Run:
+    """What a training run holds from step to step, built once by `setup`."""
 
-    prompts: list[list[int]]
-    response_ids: torch.Tensor  # [N, T]
-    lengths: torch.Tensor  # [N]
-    cand_ids: torch.Tensor  # [N, T, K] the inputs the sampler fed (see rollout.Rollout)
-    cand_weights: torch.Tensor  # [N, T, K]
-    advantages: torch.Tensor  # [N]
-    old_logp: torch.Tensor  # [N, T]
-    ref_logp: torch.Tensor | None = None  # [N, T], when a KL term is on
-    in_loss: torch.Tensor | None = None  # [N] bool, rows whose tokens count (--mask-truncated); None = all
+    cfg: Config
+    out_dir: Path
+    device: torch.device
+    tokenizer: object
+    policy: torch.nn.Module  # fp32, trained
+    sampler: torch.nn.Module  # the policy itself on CPU; on GPU a bf16 copy refreshed after every update
+    optimizer: torch.optim.Optimizer
+    problems: list[dict]
+    held_out: list[dict]
+    batcher: PromptBatcher
+    generator: torch.Generator
+    pool: RewardPool
+    sampling: Sampling
+    exploration: object  # rollout.Exploration
+    reference: torch.nn.Module | None = None  # the KL term's frozen model (bf16 on GPU)
+    table: torch.Tensor | None = None  # the neighbor table in use ([V, k]), for --explore neighbor
+    val_sets: list = field(default_factory=list)  # --val-data as eval.py's (name, problems, kind)
+    summary: dict = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return len(self.prompts)
+    def refresh_sampler(self) -> None:
+        if self.sampler is not self.policy:
+            with torch.no_grad():
+                for target, source in zip(self.sampler.parameters(), self.policy.parameters()):
+                    target.copy_(source)
 
-    def rows(self, index: slice) -> "Episodes":
-        pick = lambda x: None if x is None else x[index]
-        return Episodes(self.prompts[index], self.response_ids[index], self.lengths[index], self.cand_ids[index],
-                        self.cand_weights[index], self.advantages[index], self.old_logp[index], pick(self.ref_logp),
-                        pick(self.in_loss))
-
-    def response_mask(self) -> torch.Tensor:
-        mask = length_mask(self.lengths, self.response_ids.shape[1])
-        return mask if self.in_loss is None else mask & self.in_loss[:, None].to(mask.device)
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on GPU (weights and optimizer stay fp32); nothing on CPU, where all is fp32."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def backward_minibatch(model, episodes: Episodes, cfg, *, micro_batch_size: int, temperature: float = 1.0,
-                       chunk_tokens: int = 1024) -> dict:
-    """Accumulates into .grad the gradient of the loss over all response tokens of `episodes` (aggregated as
-    cfg.loss_agg says), `micro_batch_size` sequences per forward/backward. Each micro-batch divides by the
-    whole mini-batch's token (or sequence) count, so the gradient does not depend on the split. Returns the
-    metrics, or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
-    accumulated)."""
-    full_mask = episodes.response_mask()
-    num_tokens = full_mask.sum().clamp_min(1).to(torch.float32)
-    normalizer = num_tokens if cfg.loss_agg == "token-mean" else full_mask.any(-1).sum().clamp_min(1).to(torch.float32)
-    totals: dict[str, float] = {}
-    entropy_sum = 0.0
-    device = model.embed_tokens.weight.device
-    for start in range(0, len(episodes), micro_batch_size):
-        micro = episodes.rows(slice(start, start + micro_batch_size))
-        with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
-            logp, entropy = sequence_logprobs(model, micro.prompts, micro.cand_ids, micro.cand_weights, micro.lengths,
-                                              micro.response_ids, temperature=temperature, chunk_tokens=chunk_tokens)
-            mask = micro.response_mask().to(device)
-            loss, metrics = policy_loss(logp, micro.old_logp.to(device), micro.advantages.to(device), mask,
-                                        ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
-                                        cfg=cfg, normalizer=normalizer.to(device))
-        if not torch.isfinite(loss):
-            return {"loss": float(loss.detach()), "finite": False}
-        loss.backward()
-        for key, value in metrics.items():
-            totals[key] = totals.get(key, 0.0) + float(value)
-        entropy_sum += float((entropy * mask).sum())
-    totals["entropy"] = entropy_sum / float(num_tokens)
-    totals["finite"] = True
-    return totals
+    def held_out_accuracy(self) -> float:
+        self.sampler.eval()
+        return held_out_accuracy(self.sampler, self.held_out, self.tokenizer, self.pool,
+                                 max_new_tokens=self.cfg.max_new_tokens)
 
 
-# ----------------------------------------------------------------------------- the run
+@dataclass
+class Groups:
+    """One step's rollouts and rewards: every drawn row, and the rows the update trains on (the groups that
+    survive --filter-groups; all of them without it). G consecutive rows are one prompt's group."""
+
+    rows: list[dict]  # the problem of each drawn row
+    texts: list[str]  # the decoded responses
+    rollout: Rollout  # every drawn row
+    scores: torch.Tensor  # [N] the reward function's verdicts
+    rewards: torch.Tensor  # [N] scores + shaping (--overlong-buffer)
+    trained: Rollout
+    trained_rewards: torch.Tensor
+    draws: int  # prompt batches drawn (1 + refills)
+    groups_kept: int  # groups with a learning signal among all draws (what --refill counts)
+    rollout_s: float
+    score_s: float
 
 
-ROLLOUT_TENSORS = ("response_ids", "lengths", "finished", "logprobs", "cand_ids", "cand_weights", "mixed")
+# ----------------------------------------------------------------------------- the step loop
 
 
-def join_rollouts(rollouts: list, pad_id: int):
-    """Rollouts of several prompt batches as one; responses are right-padded to the longest (pad_id, weight 0)."""
-    if len(rollouts) == 1:
-        return rollouts[0]
-    T = max(r.response_ids.shape[1] for r in rollouts)
+def run(cfg: Config) -> dict:
+    """The whole run; returns the summary also written to OUT/summary.json."""
+    try:
+        cfg.check_trainable()
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    out_dir = claim_out_dir(cfg)
+    print(f"out dir: {out_dir}", flush=True)
+    r = setup(cfg, out_dir)
+    start_step = restore_checkpoint(r) if cfg.resume and checkpoint_dirs(out_dir) else start_fresh(r)
+    max_steps = cfg.max_steps or -(-len(r.problems) // cfg.prompts_per_step)
+    metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step)
+    if r.held_out and start_step == 0:
+        r.summary["accuracy_before"] = r.held_out_accuracy()
+        print(f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} ({len(r.held_out)} problems)")
+    if r.val_sets and cfg.val_before_train and start_step == 0:
+        r.summary["val_before"] = validate(r, 0)
+        print("validation before RL: " + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
 
-    def padded(x, value):  # [B, T_r, ...] -> [B, T, ...]; lengths and finished are [B] and stay
-        if x.dim() == 1:
-            return x
-        out = x.new_full((x.shape[0], T, *x.shape[2:]), value)
-        out[:, : x.shape[1]] = x
-        return out
+    failures_in_a_row, step = 0, start_step
+    with StopOnInterrupt() as interrupt:
+        for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
+                         file=sys.stderr, disable=None):
+            step_start = time.perf_counter()
+            if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step \
+                    and step % cfg.neighbor_refresh == 0:
+                r.table = table_for(r.sampler, cfg, cache_dir=out_dir / "neighbors")
+            groups = collect_groups(r)
+            update_start = time.perf_counter()
+            result, skipped, logp_gap = ({}, 0, torch.zeros(0)) if not len(groups.trained.prompts) else \
+                update(r.policy, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg)
+            r.refresh_sampler()
+            update_s = time.perf_counter() - update_start
+            metrics = step_metrics(r, step + 1, groups, result, skipped, logp_gap, update_s)
+            if r.held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                metrics["held_out_accuracy"] = r.held_out_accuracy()
+            if r.val_sets and ((cfg.val_every and (step + 1) % cfg.val_every == 0) or step + 1 == max_steps):
+                metrics.update(validate(r, step + 1))
+                keep_if_best(r, step + 1, metrics)
+            metrics["step_s"] = time.perf_counter() - step_start
+            log_step(r, metrics_path, metrics, groups)
+            failures_in_a_row = failures_in_a_row + 1 if skipped and not result else 0
+            if failures_in_a_row >= 3:
+                raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
+                               "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
+            if interrupt.requested:
+                save_checkpoint(r, step + 1)
+                raise KeyboardInterrupt(step + 1)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < max_steps:
+                save_checkpoint(r, step + 1)
+    if max_steps > start_step:
+        save_checkpoint(r, max_steps)
+    return finish(r, metrics_path)
 
-    pads = dict(response_ids=pad_id, logprobs=0.0, cand_ids=pad_id, cand_weights=0.0, mixed=False)
-    return replace(rollouts[0], prompts=[p for r in rollouts for p in r.prompts],
-                   **{name: torch.cat([padded(getattr(r, name), pads.get(name, 0)) for r in rollouts])
-                      for name in ROLLOUT_TENSORS})
+
+def collect_groups(r: Run) -> Groups:
+    """Draws a batch of prompts, samples G responses for each (in calls of --rollout-batch-size rows) and
+    scores them; with --refill draws more batches until prompts_per_step groups carry a learning signal
+    (or --max-refill-draws is reached). Then keeps the groups --filter-groups keeps, at most prompts_per_step."""
+    cfg = r.cfg
+    rows, texts, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], 0, 0.0, 0.0
+    while True:
+        batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
+        start = time.perf_counter()
+        r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
+        per_call = cfg.rollout_batch_size or len(batch_rows)
+        rollout = Rollout.concat([
+            generate(r.sampler, [p["prompt_ids"] for p in batch_rows[i : i + per_call]], r.sampling, r.exploration,
+                     neighbor_table=r.table, generator=r.generator, progress=True)
+            for i in range(0, len(batch_rows), per_call)], r.sampling.pad_id)
+        rollout_s += time.perf_counter() - start
+        batch_texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
+        start = time.perf_counter()
+        batch_scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(batch_texts, batch_rows)]))
+        score_s += time.perf_counter() - start
+        rows, texts, scores = rows + batch_rows, texts + batch_texts, scores + [batch_scores]
+        rollouts.append(rollout)
+        groups_kept += int(keep_groups(batch_scores, cfg.group_size, cfg.filter_groups).sum())
+        if not cfg.refill or groups_kept >= cfg.prompts_per_step or len(rollouts) > cfg.max_refill_draws:
+            break
+    rollout, scores = Rollout.concat(rollouts, r.sampling.pad_id), torch.cat(scores)
+    rewards = scores
+    if cfg.overlong_buffer > 0:
+        rewards = scores + overlong_penalty(rollout.lengths.cpu(), cfg.max_new_tokens, cfg.overlong_buffer,
+                                            cfg.overlong_penalty_factor)
+    trained, trained_rewards = rollout, rewards
+    if cfg.filter_groups != "none":
+        kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
+        index = [int(g) * cfg.group_size + j for g in kept for j in range(cfg.group_size)]
+        trained, trained_rewards = rollout.select(index), rewards[index]
+    return Groups(rows, texts, rollout, scores, rewards, trained, trained_rewards, len(rollouts), groups_kept,
+                  rollout_s, score_s)
 
 
-def rollout_rows(rollout, index: list[int]):
-    """The rows `index` of a rollout, as a rollout."""
-    return replace(rollout, prompts=[rollout.prompts[i] for i in index],
-                   **{name: getattr(rollout, name)[torch.tensor(index, dtype=torch.long,
-                                                                device=getattr(rollout, name).device)]
-                      for name in ROLLOUT_TENSORS})
+def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, logp_gap: torch.Tensor,
+                 update_s: float) -> dict:
+    """What metrics.jsonl records of a step (README, "Outputs", defines each field)."""
+    cfg, rollout = r.cfg, groups.rollout
+    per_group = groups.scores.view(-1, cfg.group_size)
+    num_tokens = int(rollout.lengths.sum())
+    metrics = {
+        "step": step, "reward_mean": float(groups.rewards.mean()), "accuracy": float(groups.scores.mean()),
+        "zero_variance_groups": float((per_group.max(1).values == per_group.min(1).values).float().mean()),
+        "response_len_mean": float(rollout.lengths.float().mean()), "response_len_max": int(rollout.lengths.max()),
+        "truncated_frac": float((~rollout.finished).float().mean()),
+        **result,
+        "lr": cfg.lr, "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
+        "mix_distance": mixing_distance(r.sampler.embed_tokens.weight, rollout),
+        "logp_gap_mean": float(logp_gap.mean()) if logp_gap.numel() else 0.0,
+        "logp_gap_max": float(logp_gap.max()) if logp_gap.numel() else 0.0,
+        "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
+        "rollout_s": groups.rollout_s, "score_s": groups.score_s, "update_s": update_s,
+        "rollout_tokens_per_s": num_tokens / groups.rollout_s,
+        "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
+    }
+    # Each knob of the GRPO family logs what it did, only when it is on.
+    trained_rows = len(groups.trained.prompts)
+    if cfg.filter_groups != "none":
+        metrics.update(groups_filtered=groups.draws * cfg.prompts_per_step - groups.groups_kept,
+                       groups_kept=trained_rows // cfg.group_size, prompts_drawn=groups.draws * cfg.prompts_per_step,
+                       refill_draws=groups.draws - 1, update_skipped=int(not trained_rows))
+    if cfg.adv_estimator == "negative":
+        metrics["virtual_samples"] = cfg.virtual_max_count * trained_rows // cfg.group_size
+    if cfg.mask_truncated:
+        metrics["truncated_masked"] = int((~groups.trained.finished).sum())
+    if cfg.overlong_buffer > 0:
+        metrics["overlong_penalty_mean"] = float(overlong_penalty(groups.rollout.lengths.cpu(), cfg.max_new_tokens,
+                                                                  cfg.overlong_buffer,
+                                                                  cfg.overlong_penalty_factor).mean())
+    return metrics
 
 
-def replay_logprobs(model, rollout, *, micro_batch_size: int, temperature: float, chunk_tokens: int, device):
-    """No-grad log-probs of every response token by replaying the recorded inputs, in micro-batches."""
-    parts = []
-    starts = range(0, len(rollout.prompts), micro_batch_size)
-    with torch.no_grad(), autocast(device):
-        for start in tqdm(starts, desc="replay", leave=False, delay=2, file=sys.stderr):
-            rows = slice(start, start + micro_batch_size)
-            logp, _ = sequence_logprobs(model, rollout.prompts[rows], rollout.cand_ids[rows], rollout.cand_weights[rows],
-                                        rollout.lengths[rows], rollout.response_ids[rows], temperature=temperature,
-                                        chunk_tokens=chunk_tokens)
-            parts.append(logp.float())
-    return torch.cat(parts)
+def mixing_distance(embed_weight, rollout) -> float:
+    """Mean ||e_mixed - E[y]|| / ||E[y]|| over the mixed steps (0 when none was mixed)."""
+    if not bool(rollout.mixed.any()):
+        return 0.0
+    with torch.no_grad():
+        mixed = mixed_embeddings(embed_weight, rollout.cand_ids[rollout.mixed], rollout.cand_weights[rollout.mixed])
+        own = embed_weight[rollout.response_ids[rollout.mixed]]
+        return float(((mixed.float() - own.float()).norm(dim=-1) / own.float().norm(dim=-1).clamp_min(1e-12)).mean())
+
+
+def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
+    """Appends the step to metrics.jsonl, prints its line, reports skipped mini-batches at once, and every
+    --log-completions-every steps prints two completions and appends them to completions.jsonl."""
+    with metrics_path.open("a") as f:
+        f.write(json.dumps(metrics) + "\n")
+    tqdm.write(format_line(metrics), file=sys.stdout)
+    if metrics["skipped_minibatches"]:
+        tqdm.write(f"warning: step {metrics['step']}: {metrics['skipped_minibatches']} mini-batch(es) skipped: "
+                   f"non-finite loss or gradient (loss {metrics.get('loss', float('nan'))})", file=sys.stderr)
+    every = r.cfg.log_completions_every
+    if not every or metrics["step"] % every:
+        return
+    with (r.out_dir / "completions.jsonl").open("a") as f:
+        for row in range(0, len(groups.rows), max(1, len(groups.rows) // 2))[:2]:
+            problem, text = groups.rows[row], groups.texts[row]
+            record = {"step": metrics["step"], "prompt": r.tokenizer.decode(problem["prompt_ids"]),
+                      "response": text, "extracted": extract_answer(text), "reference": problem["answer"],
+                      "reward": float(groups.rewards[row])}
+            f.write(json.dumps(record) + "\n")
+            tqdm.write(f"  reward {record['reward']:.0f} | reference {problem['answer']!r} | extracted "
+                       f"{record['extracted']!r} | response ...{text[-160:]!r}", file=sys.stdout)
+
+
+def format_line(m: dict) -> str:
+    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"loss {m.get('loss', float('nan')):+.4f}",
+             f"len {m['response_len_mean']:.0f}", f"mix {m['mix_rate']:.3f}", f"ent {m.get('entropy', 0.0):.2f}",
+             f"gn {m.get('grad_norm', 0.0):.2f}", f"{m['step_s']:.1f}s"]
+    if "kl" in m:
+        parts.insert(3, f"kl {m['kl']:.4f}")
+    if "held_out_accuracy" in m:
+        parts.append(f"held-out {m['held_out_accuracy']:.3f}")
+    parts += [f"{key[4:]} {value:.3f}" for key, value in m.items() if key.startswith("val/") and "/mean@" in key]
+    return " | ".join(parts)
+
+
+def validate(r: Run, step: int) -> dict:
+    """eval.py's protocol (evaluation.evaluate) on --val-data with the current sampler, no mixing: returns
+    {"val/<benchmark>/mean@n" or "pass@k": value}; samples.jsonl and results.json go to OUT/val/step-N/."""
+    cfg = r.cfg
+    sampling = replace(r.sampling, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=0)
+    items = sum(len(problems) for _, problems, _ in r.val_sets) * cfg.val_n
+    longest = max(len(p["prompt_ids"]) for _, problems, _ in r.val_sets for p in problems)
+    batch_size = cfg.rollout_batch_size or evaluation.auto_batch_size(r.sampler, longest + cfg.max_new_tokens,
+                                                                      items)
+    r.sampler.eval()
+    results = evaluation.evaluate(r.val_sets, evaluation.sampler_fn(r.sampler, r.tokenizer, sampling, Exploration()),
+                                  n=cfg.val_n, out_dir=r.out_dir / "val" / f"step-{step}", batch_size=batch_size,
+                                  seed=cfg.seed, score_fn=lambda pairs, kind: r.pool.score(pairs, kind=kind),
+                                  progress=False)
+    return {f"val/{name}/{key}": value for name, row in results.items() for key, value in row.items()
+            if key.startswith(("mean@", "pass@"))}
+
+
+def keep_if_best(r: Run, step: int, metrics: dict) -> None:
+    """--keep-best METRIC: when this step's validation beats every earlier one, its weights (Hugging Face
+    layout) replace OUT/best, with best.json saying which step and value; written aside and renamed."""
+    name = r.cfg.keep_best
+    if not name:
+        return
+    if name not in metrics:
+        found = ", ".join(key for key in metrics if key.startswith("val/"))
+        raise RunError(f"--keep-best {name}: validation gives no such metric (it gives {found})")
+    best_path = r.out_dir / "best"
+    best = json.loads((best_path / "best.json").read_text()) if (best_path / "best.json").exists() else None
+    if best is not None and metrics[name] <= best["value"]:
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=".best-", dir=r.out_dir))
+    save_model(r.policy, tmp, r.tokenizer)
+    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": name, "value": metrics[name]}) + "\n")
+    if best_path.exists():
+        old = best_path.rename(r.out_dir / f".best-old-{os.getpid()}")
+        os.replace(tmp, best_path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, best_path)
+    r.summary["best"] = {"step": step, "metric": name, "value": metrics[name]}
+
+
+def finish(r: Run, metrics_path: Path) -> dict:
+    """The held-out accuracy after training, summary.json, and the final summary line."""
+    if r.held_out:
+        r.summary["accuracy_after"] = r.held_out_accuracy()
+    r.pool.close()
+    if (r.out_dir / "best" / "best.json").exists():
+        r.summary["best"] = json.loads((r.out_dir / "best" / "best.json").read_text())
+    history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    last = history[-5:]
+    r.summary.update(steps=len(history), reward_first=history[0]["reward_mean"] if history else None,
+                     final_reward_mean=sum(m["reward_mean"] for m in last) / max(len(last), 1))
+    (r.out_dir / "summary.json").write_text(json.dumps(r.summary, indent=2) + "\n")
+    line = f"done: {len(history)} steps"
+    if history:
+        line += f", reward {r.summary['reward_first']:.3f} (step 1) -> {r.summary['final_reward_mean']:.3f} (last 5)"
+    if "accuracy_after" in r.summary:
+        before = r.summary.get("accuracy_before")
+        gain = "" if before is None else f" (before: {before:.3f}, {100 * (r.summary['accuracy_after'] - before):+.1f} points)"
+        print(f"held-out accuracy after RL: {r.summary['accuracy_after']:.3f}{gain}")
+    print(f"{line}; outputs in {r.out_dir}")
+    return r.summary
+
+
+# ----------------------------------------------------------------------------- setting a run up
 
 
 def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_tokens: int, batch_size: int = 64) -> float:
@@ -188,44 +387,153 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device) -> None:
         optimizer.step()
 
 
-def make_episodes(policy, reference, rollout, advantages, cfg, device) -> tuple[Episodes, torch.Tensor]:
-    """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
-    |rollout - replay| log-prob gap of every response token (it shows sampler/trainer drift)."""
-    policy.eval()
-    replay = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                  chunk_tokens=cfg.logprob_chunk_tokens, device=device)
-    replayed = replay_logprobs(policy, rollout, **replay)
-    gap = (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
-    ref_logp = None if reference is None else replay_logprobs(reference, rollout, **replay)
-    episodes = Episodes(rollout.prompts, rollout.response_ids, rollout.lengths, rollout.cand_ids,
-                        rollout.cand_weights, advantages.to(device),
-                        replayed if cfg.old_logp == "replay" else rollout.logprobs.float(), ref_logp,
-                        rollout.finished if cfg.mask_truncated else None)
-    return episodes, gap
+def claim_out_dir(cfg: Config) -> Path:
+    """--out-dir, checked before any work and before anything is written: not a file; not holding another
+    run's checkpoints unless --resume (continue it) or --overwrite (start over there); and a --resume whose
+    settings differ from the checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
+    refused unless --allow-config-change."""
+    out_dir = Path(cfg.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
+    checkpoints = checkpoint_dirs(out_dir)
+    if checkpoints and not cfg.resume and not cfg.overwrite:
+        raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
+                       "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
+    if checkpoints and cfg.resume:
+        saved = Config.load_json(checkpoints[-1] / "config.json.run")
+        changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
+                   for name, value in asdict(saved).items()
+                   if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
+        if changed and not cfg.allow_config_change:
+            raise RunError(f"--resume: settings differ from those of {checkpoints[-1]} ({', '.join(changed)}); resume "
+                           "with the same settings, or pass --allow-config-change to continue with the new ones")
+        if changed:
+            print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
+    return out_dir
 
 
-def optimize(policy, optimizer, params, episodes: Episodes, cfg, device) -> tuple[dict, int]:
-    """ppo_epochs passes of mini-batch updates (mini_batch_prompts groups each, grad-norm clipped). A mini-batch
-    whose loss or gradient is not finite is skipped. Returns (metric name -> values per update, skipped)."""
-    policy.train()
-    update, skipped = {}, 0
-    per_minibatch = cfg.mini_batch_prompts * cfg.group_size
-    starts = [start for _ in range(cfg.ppo_epochs) for start in range(0, len(episodes), per_minibatch)]
-    for start in tqdm(starts, desc="update", unit="minibatch", leave=False, delay=2, file=sys.stderr):
-        optimizer.zero_grad(set_to_none=True)
-        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg,
-                                    micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
-                                    chunk_tokens=cfg.logprob_chunk_tokens)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if not result.pop("finite") or not torch.isfinite(grad_norm):
-            skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
-            optimizer.zero_grad(set_to_none=True)
-            continue
-        optimizer.step()
-        result["grad_norm"] = float(grad_norm)
-        for key, value in result.items():
-            update.setdefault(key, []).append(value)
-    return update, skipped
+def load_policy(cfg: Config, device: torch.device, *, seed: int):
+    """The fp32 model to train (the random tiny preset, or a checkpoint) and its tokenizer."""
+    try:
+        if cfg.model == "tiny":
+            policy = random_model(TINY_CONFIG, dtype=torch.float32, device=device, seed=seed)
+        else:
+            policy = load_model(cfg.model, dtype=torch.float32, device=device)
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+    except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
+        raise RunError(describe_load_error(error, f"--model {cfg.model}")) from None
+    return policy, tokenizer
+
+
+def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], int]:
+    """(training problems, held-out problems, prompts dropped for length), prompts rendered."""
+    try:
+        problems = load_problems(cfg.data, split=cfg.data_split)
+    except (DataError, OSError) as error:
+        raise RunError(describe_load_error(error, f"--data {cfg.data}")) from None
+    problems, dropped = tokenize_problems(problems, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+                                          final_period=False)
+    if not problems:
+        raise RunError(f"every prompt of {cfg.data} is longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
+    held_out = []
+    source = cfg.eval_data or (cfg.data if cfg.data.startswith("arith") else "")
+    if cfg.eval_problems > 0 and source:
+        try:
+            held_out = load_problems(source, split="test" if source.startswith("arith") else cfg.data_split,
+                                     limit=cfg.eval_problems)
+        except (DataError, OSError) as error:
+            raise RunError(describe_load_error(error, f"--eval-data {source}")) from None
+        held_out, _ = tokenize_problems(held_out, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+                                        final_period=False)
+    return problems, held_out, dropped
+
+
+def check_memory(cfg: Config, policy, device: torch.device, longest_prompt: int) -> None:
+    """Refuses, before allocating, a rollout whose KV cache cannot fit in the device's memory."""
+    rows = cfg.rollout_batch_size or cfg.prompts_per_step * cfg.group_size
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    need = kv_cache_bytes(policy.cfg, rows, longest_prompt + cfg.max_new_tokens, dtype)
+    if device.type == "cuda":
+        have = torch.cuda.mem_get_info(device)[1]
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise RunError(f"the rollout KV cache would need {need / 2**30:.1f} GiB ({rows} rows x "
+                       f"{longest_prompt + cfg.max_new_tokens} tokens) but the {device.type} has {have / 2**30:.1f} "
+                       "GiB: lower --max-new-tokens or --rollout-batch-size")
+
+
+def setup(cfg: Config, out_dir: Path) -> Run:
+    """Models, data, sampler settings, optimizer and reward pool of a run, and config.json written."""
+    try:
+        device = resolve_device(cfg.device)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    policy, tokenizer = load_policy(cfg, device, seed=cfg.seed)
+    policy.gradient_checkpointing = cfg.grad_checkpointing
+    if cfg.freeze_embeddings:
+        policy.embed_tokens.weight.requires_grad_(False)
+    problems, held_out, dropped = load_training_data(cfg, tokenizer)
+    val_sets = []
+    if cfg.val_data:
+        try:
+            val_sets = evaluation.render_prompts(evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None,
+                                                                            flag="--val-data"), tokenizer)
+        except DataError as error:
+            raise RunError(str(error)) from None
+    check_memory(cfg, policy, device, max(len(p["prompt_ids"]) for p in problems))
+    try:
+        exploration = exploration_from_config(cfg, tokenizer)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    if cfg.resume and not checkpoint_dirs(out_dir):
+        print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning", file=sys.stderr)
+    if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
+        shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's checkpoints
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save_json(out_dir / "config.json")
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                        max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
+                        pad_id=pad_id_of(tokenizer))
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
+    return Run(cfg, out_dir, device, tokenizer, policy, policy, optimizer, problems, held_out,
+               PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed),
+               torch.Generator(device).manual_seed(cfg.seed), RewardPool(), sampling, exploration,
+               val_sets=val_sets, summary={"prompts": len(problems), "prompts_dropped": dropped})
+
+
+def start_fresh(r: Run) -> int:
+    """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
+    if r.cfg.sft_steps > 0:
+        warm_start(r.policy, r.problems, r.tokenizer, r.cfg, r.device)
+        save_model(r.policy, r.out_dir / "warm_start", r.tokenizer)  # the KL term's reference, also on resume
+    prepare_sampling(r, saved_table=None)
+    return 0
+
+
+def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
+    """The reference model (when KL is on), the sampler copy (on GPU) and the neighbor table."""
+    cfg = r.cfg
+    if cfg.kl_coef > 0:
+        source = r.out_dir / "warm_start" if cfg.sft_steps > 0 else None
+        if source is not None or cfg.model != "tiny":
+            reference = load_model(str(source or cfg.model), dtype=torch.float32, device=r.device)
+        else:
+            reference = random_model(TINY_CONFIG, dtype=torch.float32, device=r.device, seed=cfg.seed)
+        dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
+        r.reference = reference.to(dtype).eval().requires_grad_(False)
+    if r.device.type != "cpu":
+        r.sampler = copy.deepcopy(r.policy).to(torch.bfloat16).requires_grad_(False)
+    r.refresh_sampler()
+    if cfg.explore == "neighbor":  # a resumed run keeps the table it was using (rebuilt only on refresh)
+        r.table = saved_table.to(r.device) if saved_table is not None else \
+            table_for(r.sampler, cfg, cache_dir=r.out_dir / "neighbors")
+
+
+# ----------------------------------------------------------------------------- checkpoints
 
 
 def checkpoint_dirs(out_dir: Path) -> list[Path]:
@@ -234,288 +542,85 @@ def checkpoint_dirs(out_dir: Path) -> list[Path]:
     return sorted(found, key=lambda d: int(d.name[5:]))
 
 
-def save_checkpoint(out_dir: Path, step: int, policy, tokenizer, optimizer, batcher, generator, table, cfg) -> None:
+def save_checkpoint(r: Run, step: int) -> None:
     """HF-layout weights plus optimizer, RNG, data cursor and the neighbor table in use, written to a
     temporary directory and renamed: a crash mid-write leaves the previous checkpoints as they were."""
-    root = out_dir / "checkpoints"
+    root = r.out_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".step-*"):  # what a killed run was writing
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
-    save_model(policy, tmp, tokenizer)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "batcher": batcher.state_dict(),
-                "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate(), "neighbor_table": table}, tmp / "trainer_state.pt")
-    cfg.save_json(tmp / "config.json.run")
+    save_model(r.policy, tmp, r.tokenizer)
+    torch.save({"step": step, "optimizer": r.optimizer.state_dict(), "batcher": r.batcher.state_dict(),
+                "generator": r.generator.get_state(), "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(), "neighbor_table": r.table}, tmp / "trainer_state.pt")
+    r.cfg.save_json(tmp / "config.json.run")
     os.replace(tmp, root / f"step-{step}")
-    for old in checkpoint_dirs(out_dir)[: -cfg.keep_last] if cfg.keep_last > 0 else []:
+    for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
         shutil.rmtree(old)
 
 
-def mixing_distance(embed_weight, rollout) -> float:
-    """Mean ||e_mixed - E[y]|| / ||E[y]|| over the mixed steps (0 when none was mixed)."""
-    if not bool(rollout.mixed.any()):
-        return 0.0
-    with torch.no_grad():
-        mixed = mixed_embeddings(embed_weight, rollout.cand_ids[rollout.mixed], rollout.cand_weights[rollout.mixed])
-        own = embed_weight[rollout.response_ids[rollout.mixed]]
-        return float(((mixed.float() - own.float()).norm(dim=-1) / own.float().norm(dim=-1).clamp_min(1e-12)).mean())
+def restore_checkpoint(r: Run) -> int:
+    """Continues from the latest complete checkpoint: weights (by parameter name), optimizer, data cursor,
+    RNG states and neighbor table (claim_out_dir has checked its settings). Returns the step reached."""
+    latest = checkpoint_dirs(r.out_dir)[-1]
+    state = torch.load(latest / "trainer_state.pt", map_location=r.device, weights_only=False)
+    r.policy.load_state_dict(load_model(str(latest), dtype=torch.float32, device=r.device).state_dict())
+    r.optimizer.load_state_dict(state["optimizer"])
+    r.batcher.load_state_dict(state["batcher"])
+    r.generator.set_state(state["generator"].cpu())  # a generator's state is a CPU byte tensor, CUDA's too
+    torch.set_rng_state(state["torch_rng"].cpu())
+    random.setstate(state["python_rng"])
+    print(f"resumed from {latest} (step {state['step']})", file=sys.stderr)
+    prepare_sampling(r, saved_table=state.get("neighbor_table"))
+    return state["step"]
 
 
-def format_line(m: dict) -> str:
-    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"loss {m.get('loss', float('nan')):+.4f}",
-             f"len {m['response_len_mean']:.0f}", f"mix {m['mix_rate']:.3f}", f"ent {m.get('entropy', 0.0):.2f}",
-             f"gn {m.get('grad_norm', 0.0):.2f}", f"{m['step_s']:.1f}s"]
-    if "kl" in m:
-        parts.insert(3, f"kl {m['kl']:.4f}")
-    if "held_out_accuracy" in m:
-        parts.append(f"held-out {m['held_out_accuracy']:.3f}")
-    return " | ".join(parts)
+def trim_metrics(path: Path, start_step: int) -> Path:
+    """metrics.jsonl up to start_step (the steps after a checkpoint run again); empty for a new run."""
+    kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+            if start_step and json.loads(line)["step"] <= start_step]
+    path.write_text("".join(line + "\n" for line in kept))
+    return path
 
 
-def run(cfg: Config) -> dict:
-    """The whole run; returns the summary also written to OUT/summary.json."""
-    out_dir = Path(cfg.out_dir)
-    earlier = [] if cfg.resume else checkpoint_dirs(out_dir)  # checkpoints of another run in the same place
-    if earlier and not cfg.overwrite:
-        raise SystemExit(f"error: {out_dir} holds checkpoints of an earlier run (latest: {earlier[-1].name}); pass "
-                         "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+class StopOnInterrupt:
+    """The first Ctrl-C asks the loop to stop after the current step (which is then checkpointed); a
+    second one interrupts at once."""
 
-    try:
-        if cfg.model == "tiny":
-            policy = random_model(TINY_CONFIG, dtype=torch.float32, device=device, seed=cfg.seed)
-        else:
-            policy = load_model(cfg.model, dtype=torch.float32, device=device)
-        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: cannot load --model {cfg.model!r}: {error}") from None
-    policy.gradient_checkpointing = cfg.grad_checkpointing
-    if cfg.freeze_embeddings:
-        policy.embed_tokens.weight.requires_grad_(False)
-    try:
-        problems = load_problems(cfg.data, split=cfg.data_split)
-    except (DataError, OSError) as error:
-        raise SystemExit(f"error: {error}") from None
-    problems, prompts_dropped = tokenize_problems(problems, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
-                                                  final_period=False)
-    if not problems:
-        raise SystemExit(f"error: every prompt of {cfg.data} is longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
-    held_out = []
-    eval_source = cfg.eval_data or (cfg.data if cfg.data.startswith("arith") else "")
-    if cfg.eval_problems > 0 and eval_source:
-        split = "test" if eval_source.startswith("arith") else cfg.data_split
-        held_out, _ = tokenize_problems(load_problems(eval_source, split=split, limit=cfg.eval_problems), tokenizer,
-                                        max_prompt_tokens=cfg.max_prompt_tokens, final_period=False)
+    def __enter__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGINT, self._request)
+        return self
 
-    checkpoints = checkpoint_dirs(out_dir) if cfg.resume else []
-    if cfg.resume and not checkpoints:
-        print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning", file=sys.stderr)
-    if earlier:  # --overwrite: a later --resume must never pick up the other run's checkpoints
-        shutil.rmtree(out_dir / "checkpoints")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save_json(out_dir / "config.json")
+    def _request(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous)  # a second Ctrl-C is a plain KeyboardInterrupt
+        print("\ninterrupt: stopping after this step and writing a checkpoint (Ctrl-C again to stop now)",
+              file=sys.stderr)
 
-    stop_mixing_id = None
-    if cfg.stop_mixing_token and cfg.explore != "none":
-        stop_mixing_id = tokenizer.convert_tokens_to_ids(cfg.stop_mixing_token)
-        if stop_mixing_id is None or stop_mixing_id == tokenizer.unk_token_id:
-            raise SystemExit(f"error: --stop-mixing-token {cfg.stop_mixing_token!r} is not one token of the tokenizer")
-    exploration = Exploration(cfg.explore, mix_rate=cfg.mix_rate, num_neighbors=cfg.num_neighbors,
-                              weights=cfg.mix_weights, top_k=cfg.soft_top_k, mix_temperature=cfg.mix_temperature,
-                              noise_sigma=cfg.noise_sigma, stop_mixing_id=stop_mixing_id)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                        max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,), pad_id=pad_id)
-    batcher = PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed)
-    generator = torch.Generator(device).manual_seed(cfg.seed)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    pool = RewardPool()
-    summary = {"prompts": len(problems), "prompts_dropped": prompts_dropped}
+    def __exit__(self, *exc_info):
+        signal.signal(signal.SIGINT, self._previous)
 
-    start_step = 0
-    if checkpoints:
-        latest = checkpoints[-1]
-        state = torch.load(latest / "trainer_state.pt", map_location=device, weights_only=False)
-        with torch.no_grad():
-            for target, source in zip(policy.state_dict().values(),
-                                      load_model(str(latest), dtype=torch.float32, device=device).state_dict().values()):
-                target.copy_(source)
-        optimizer.load_state_dict(state["optimizer"])
-        batcher.load_state_dict(state["batcher"])
-        generator.set_state(state["generator"].cpu())  # a generator's state is a CPU byte tensor, CUDA's too
-        torch.set_rng_state(state["torch_rng"].cpu())
-        random.setstate(state["python_rng"])
-        start_step = state["step"]
-        print(f"resumed from {latest} (step {start_step})", file=sys.stderr)
-    elif cfg.sft_steps > 0:
-        warm_start(policy, problems, tokenizer, cfg, device)
-        save_model(policy, out_dir / "warm_start", tokenizer)  # the reference of the KL term, also on resume
 
-    reference = None
-    if cfg.kl_coef > 0:
-        source = out_dir / "warm_start" if cfg.sft_steps > 0 else None
-        if source is not None or cfg.model != "tiny":
-            reference = load_model(str(source or cfg.model), dtype=torch.float32, device=device)
-        else:
-            reference = random_model(TINY_CONFIG, dtype=torch.float32, device=device, seed=cfg.seed)
-        reference = reference.to(torch.bfloat16 if device.type == "cuda" else torch.float32).eval().requires_grad_(False)
-    # The sampler: the policy itself on CPU; on GPU a bf16 copy refreshed after every optimizer step.
-    sampler = policy if device.type == "cpu" else copy.deepcopy(policy).to(torch.bfloat16).requires_grad_(False)
-
-    def refresh_sampler():
-        if sampler is not policy:
-            with torch.no_grad():
-                for target, source in zip(sampler.parameters(), policy.parameters()):
-                    target.copy_(source)
-
-    def neighbor_table():
-        matrix = sampler.output_weight if cfg.neighbor_space == "output" else sampler.embed_tokens.weight
-        return build_neighbor_table(matrix.detach(), cfg.num_neighbors, cfg.neighbor_metric,
-                                    cache_dir=out_dir / "neighbors")
-
-    refresh_sampler()
-    table = None
-    if cfg.explore == "neighbor":  # a resumed run keeps the table it was using (rebuilt only on refresh)
-        saved = state.get("neighbor_table") if checkpoints else None
-        table = saved.to(device) if saved is not None else neighbor_table()
-    max_steps = cfg.max_steps or -(-len(problems) // cfg.prompts_per_step)
-    metrics_path = out_dir / "metrics.jsonl"
-    kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
-            if start_step and json.loads(line)["step"] <= start_step]  # steps after the checkpoint run again
-    metrics_path.write_text("".join(line + "\n" for line in kept))
-
-    if held_out and start_step == 0:
-        sampler.eval()
-        summary["accuracy_before"] = held_out_accuracy(sampler, held_out, tokenizer, pool,
-                                                       max_new_tokens=cfg.max_new_tokens)
-        print(f"held-out accuracy before RL: {summary['accuracy_before']:.3f} ({len(held_out)} problems)")
-
-    failures_in_a_row = 0
-    bar = tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train", file=sys.stderr)
-    for step in bar:
-        step_start = time.perf_counter()
-        if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step and step % cfg.neighbor_refresh == 0:
-            table = neighbor_table()
-        # One prompt batch; with --refill more until prompts_per_step groups survive --filter-groups.
-        draws, kept_groups, rollout_s, score_s = [], 0, 0.0, 0.0
-        while True:
-            batch = batcher.next_batch()
-            draw_rows = [p for p in batch for _ in range(cfg.group_size)]  # G consecutive rows per prompt: a group
-            rollout_start = time.perf_counter()
-            sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
-            per_call = cfg.rollout_batch_size or len(draw_rows)
-            draw = join_rollouts([generate(sampler, [p["prompt_ids"] for p in draw_rows[start : start + per_call]],
-                                           sampling, exploration, neighbor_table=table, generator=generator,
-                                           progress=True)
-                                  for start in range(0, len(draw_rows), per_call)], pad_id)
-            rollout_s += time.perf_counter() - rollout_start
-            draw_texts = tokenizer.batch_decode(draw.responses(), skip_special_tokens=True)
-            score_start = time.perf_counter()
-            draw_scores = torch.tensor(pool.score([(text, p["answer"]) for text, p in zip(draw_texts, draw_rows)]))
-            score_s += time.perf_counter() - score_start
-            draws.append((draw_rows, draw, draw_texts, draw_scores))
-            kept_groups += int(keep_groups(draw_scores, cfg.group_size, cfg.filter_groups).sum())
-            if not cfg.refill or kept_groups >= cfg.prompts_per_step or len(draws) > cfg.max_refill_draws:
-                break
-        rows = [p for d in draws for p in d[0]]
-        texts = [t for d in draws for t in d[2]]
-        rollout = join_rollouts([d[1] for d in draws], pad_id)
-        scores = torch.cat([d[3] for d in draws])
-        rewards = scores
-        if cfg.overlong_buffer > 0:
-            penalty = overlong_penalty(rollout.lengths.cpu(), cfg.max_new_tokens, cfg.overlong_buffer,
-                                       cfg.overlong_penalty_factor)
-            rewards = scores + penalty
-
-        update_start = time.perf_counter()
-        trained, trained_rewards = rollout, rewards  # the rows the update sees
-        if cfg.filter_groups != "none":
-            groups_kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
-            index = [int(g) * cfg.group_size + j for g in groups_kept for j in range(cfg.group_size)]
-            trained, trained_rewards = rollout_rows(rollout, index), rewards[index]
-        virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
-        update, skipped, gap = {}, 0, torch.zeros(0)
-        if len(trained.prompts):  # every group filtered out: no update this step
-            advantages = group_advantages(trained_rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
-                                          virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
-            episodes, gap = make_episodes(policy, reference, trained, advantages, cfg, device)
-            update, skipped = optimize(policy, optimizer, params, episodes, cfg, device)
-        refresh_sampler()
-        update_s = time.perf_counter() - update_start
-
-        groups = scores.view(-1, cfg.group_size)
-        lengths = rollout.lengths.float()
-        num_tokens = int(rollout.lengths.sum())
-        metrics = {
-            "step": step + 1, "reward_mean": float(rewards.mean()), "accuracy": float(scores.mean()),
-            "zero_variance_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
-            "response_len_mean": float(lengths.mean()), "response_len_max": int(rollout.lengths.max()),
-            "truncated_frac": float((~rollout.finished).float().mean()),
-            **{key: sum(values) / len(values) for key, values in update.items()},
-            "lr": cfg.lr, "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
-            "mix_distance": mixing_distance(sampler.embed_tokens.weight, rollout),
-            "logp_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
-            "logp_gap_max": float(gap.max()) if gap.numel() else 0.0,
-            "skipped_minibatches": skipped, "prompts_dropped": prompts_dropped,
-            "rollout_s": rollout_s, "score_s": score_s, "update_s": update_s,
-            "rollout_tokens_per_s": num_tokens / rollout_s, "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
-        }
-        # Each knob of the GRPO family logs what it did, only when it is on.
-        if cfg.filter_groups != "none":
-            metrics.update(groups_filtered=len(draws) * cfg.prompts_per_step - kept_groups,
-                           groups_kept=len(trained.prompts) // cfg.group_size,
-                           prompts_drawn=len(draws) * cfg.prompts_per_step,
-                           refill_draws=len(draws) - 1, update_skipped=int(not len(trained.prompts)))
-        if virtual_count:
-            metrics["virtual_samples"] = virtual_count * len(trained.prompts) // cfg.group_size
-        if cfg.mask_truncated:
-            metrics["truncated_masked"] = int((~trained.finished).sum())
-        if cfg.overlong_buffer > 0:
-            metrics["overlong_penalty_mean"] = float(penalty.mean())
-        if held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            sampler.eval()
-            metrics["held_out_accuracy"] = held_out_accuracy(sampler, held_out, tokenizer, pool,
-                                                             max_new_tokens=cfg.max_new_tokens)
-        metrics["step_s"] = time.perf_counter() - step_start
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        tqdm.write(format_line(metrics), file=sys.stdout)
-        if cfg.log_completions_every and (step + 1) % cfg.log_completions_every == 0:
-            for row in range(0, len(rows), max(1, len(rows) // 2))[:2]:
-                tqdm.write(f"  [{rewards[row]:.0f}] answer {rows[row]['answer']!r} <- {texts[row][-200:]!r}",
-                           file=sys.stdout)
-
-        failures_in_a_row = failures_in_a_row + 1 if skipped and not update else 0
-        if failures_in_a_row >= 3:
-            pool.close()
-            raise SystemExit(f"error: 3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
-                             "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < max_steps:
-            save_checkpoint(out_dir, step + 1, policy, tokenizer, optimizer, batcher, generator, table, cfg)
-
-    if max_steps > start_step:
-        save_checkpoint(out_dir, max_steps, policy, tokenizer, optimizer, batcher, generator, table, cfg)
-    if held_out:
-        sampler.eval()
-        summary["accuracy_after"] = held_out_accuracy(sampler, held_out, tokenizer, pool,
-                                                      max_new_tokens=cfg.max_new_tokens)
-        before = summary.get("accuracy_before")
-        print(f"held-out accuracy after RL: {summary['accuracy_after']:.3f}"
-              + (f" (before: {before:.3f})" if before is not None else ""))
-    pool.close()
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    summary.update(steps=len(history), final_reward_mean=sum(m["reward_mean"] for m in history[-5:]) / max(len(history[-5:]), 1),
-                   reward_first=history[0]["reward_mean"] if history else None)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+# ----------------------------------------------------------------------------- command line
 
 
 def main(argv=None) -> dict:
-    return run(parse_config(argv, description="N-GRPO training (DESIGN.md §3).\n\n" + __doc__.split("\n\n")[1]))
+    cfg = parse_config(argv, description="N-GRPO training.\n\n" + __doc__.split("\n\n")[1])
+    try:
+        return run(cfg)
+    except KeyboardInterrupt as interrupt:
+        args = " ".join(argv if argv is not None else sys.argv[1:])
+        resume = f"python train.py {args}{'' if '--resume' in args else ' --resume'}"
+        if interrupt.args:
+            print(f"interrupted: checkpoint of step {interrupt.args[0]} written; continue with: {resume}",
+                  file=sys.stderr)
+        else:
+            latest = checkpoint_dirs(Path(cfg.out_dir))
+            print("interrupted" + (f"; the latest checkpoint is {latest[-1]}; continue with: {resume}" if latest
+                                   else " before the first checkpoint; nothing to resume"), file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ import pytest
 
 from config import Config, build_parser, parse_config, preset
 
-# DESIGN.md §3, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B.
+# The design document, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B
+# (freeze_embeddings: the released runs' FSDP artifact, which the paper presets reproduce: tests/test_fidelity.py).
 RELEASED_CODE_1P5B = dict(
     model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", data="agentica-org/DeepScaleR-Preview-Dataset",
     max_prompt_tokens=4096, max_new_tokens=8192, prompts_per_step=64, group_size=4, temperature=1.0, top_p=1.0,
     explore="neighbor", mix_rate=0.1, num_neighbors=1, mix_weights="code", neighbor_space="output",
-    neighbor_metric="cosine", stop_mixing_token="</think>", noise_sigma=0.33, freeze_embeddings=False,
+    neighbor_metric="cosine", stop_mixing_token="</think>", noise_sigma=0.33, freeze_embeddings=True,
     loss="grpo", scale_rewards="group", adv_eps=1e-6, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.01,
     old_logp="replay", ppo_epochs=1, mini_batch_prompts=16, lr=5e-7, weight_decay=0.01, grad_clip=1.0,
 )

@@ -1,4 +1,4 @@
-"""ngrpo.py (and train.backward_minibatch): the GRPO update of DESIGN.md §3 against numbers computed by hand,
+"""ngrpo.py (with its update, backward_minibatch): the GRPO update of DESIGN.md §3 against numbers computed by hand,
 the chunked log-probs against a plain full log_softmax, replay against the sampler's own log-probs, and a
 mini-batch gradient that does not depend on how it is split into micro-batches.
 
@@ -13,7 +13,6 @@ import torch
 
 import model as M
 import ngrpo
-import train
 from config import Config
 from neighbors import build_neighbor_table
 from rollout import Exploration, Sampling, generate
@@ -338,8 +337,7 @@ def episodes_from_a_rollout(model, table, *, old_logp_noise: float, with_ref: bo
     old_logp = rollout.logprobs + old_logp_noise * torch.randn(rollout.logprobs.shape, generator=g)
     ref_logp = rollout.logprobs + 0.5 * torch.randn(rollout.logprobs.shape, generator=g) if with_ref else None
     advantages = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.8])
-    episodes = train.Episodes(rollout.prompts, rollout.response_ids, rollout.lengths, rollout.cand_ids,
-                              rollout.cand_weights, advantages, old_logp, ref_logp)
+    episodes = ngrpo.Episodes(rollout, advantages, old_logp, ref_logp)
     return rollout, episodes
 
 
@@ -353,8 +351,8 @@ def test_gradient_does_not_depend_on_the_micro_batch_size(tiny):
     grads, metrics = {}, {}
     for micro_batch_size in (1, 2, len(episodes)):  # 2 splits 5 rows as 2 + 2 + 1
         model.zero_grad(set_to_none=True)
-        metrics[micro_batch_size] = train.backward_minibatch(model, episodes, config,
-                                                             micro_batch_size=micro_batch_size, chunk_tokens=16)
+        metrics[micro_batch_size] = ngrpo.backward_minibatch(
+            model, episodes, dataclasses.replace(config, micro_batch_size=micro_batch_size, logprob_chunk_tokens=16))
         grads[micro_batch_size] = {name: p.grad.clone() for name, p in model.named_parameters()}
     # The ratios do differ from 1: some tokens are clipped on each side, some dual-clipped.
     assert all(metrics[len(episodes)][key] > 0 for key in ("clip_frac_high", "clip_frac_low", "dual_clip_frac"))
@@ -380,7 +378,7 @@ def test_minibatch_loss_is_the_token_mean_over_all_its_response_tokens(tiny):
     mean_of_sequence_means = -sum(advantages) / len(advantages)
     assert abs(expected - mean_of_sequence_means) > 0.01  # the example tells the two apart
     for micro_batch_size in (1, 2, len(episodes)):
-        metrics = train.backward_minibatch(copy.deepcopy(model), episodes, cfg(kl_coef=0.0),
-                                           micro_batch_size=micro_batch_size)
+        metrics = ngrpo.backward_minibatch(copy.deepcopy(model), episodes,
+                                           cfg(kl_coef=0.0, micro_batch_size=micro_batch_size))
         assert metrics["loss"] == pytest.approx(expected, abs=1e-4)
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ngrpo
 import train
 from config import preset
 from data import load_problems, tiny_tokenizer, tokenize_problems
@@ -52,8 +53,8 @@ def test_training_raises_held_out_accuracy(tmp_path, warm_model):
 
 def test_flipped_advantages_lower_accuracy(tmp_path, warm_model, monkeypatch):
     """The loss points the right way: pushing against the advantage must unlearn."""
-    real = train.group_advantages
-    monkeypatch.setattr(train, "group_advantages", lambda *args, **kwargs: -real(*args, **kwargs))
+    real = ngrpo.group_advantages
+    monkeypatch.setattr(ngrpo, "group_advantages", lambda *args, **kwargs: -real(*args, **kwargs))
     summary = short_demo(tmp_path, warm_model, max_steps=10)
     assert summary["accuracy_after"] <= summary["accuracy_before"] - 0.05
 
@@ -149,7 +150,7 @@ def test_prompts_over_the_limit_are_dropped_and_counted(tmp_path):
 
 
 def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatch):
-    real = train.policy_loss
+    real = ngrpo.policy_loss
     calls = []
 
     def sometimes_nan(*args, **kwargs):
@@ -157,7 +158,7 @@ def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatc
         loss, metrics = real(*args, **kwargs)
         return (loss * float("nan") if len(calls) == 1 else loss), metrics
 
-    monkeypatch.setattr(train, "policy_loss", sometimes_nan)
+    monkeypatch.setattr(ngrpo, "policy_loss", sometimes_nan)
     cfg = tiny(tmp_path, max_steps=2)
     before = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=cfg.seed).state_dict()
     train.run(cfg)
@@ -169,8 +170,8 @@ def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatc
 
 
 def test_three_non_finite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
-    real = train.policy_loss
-    monkeypatch.setattr(train, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
+    real = ngrpo.policy_loss
+    monkeypatch.setattr(ngrpo, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
     with pytest.raises(SystemExit, match="3 steps in a row had a non-finite loss"):
         train.run(tiny(tmp_path, max_steps=5))
     assert len(read_metrics(tmp_path / "run")) == 3
