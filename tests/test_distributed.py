@@ -7,6 +7,7 @@ the tests compare that with a one-process computation done here, without FSDP.""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -316,3 +317,122 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
     for name in ("results.json", "samples.jsonl"):
         assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text()
     assert two.stdout.count("toy") == 1  # the table printed by rank 0 only
+
+
+# ----------------------------------------------------------------------------- train.py under torchrun
+
+# A tiny run (8 prompts x 4 responses per step, 12-token responses, 3 rollout calls of 12, 8, 12 rows, uneven
+# micro-batches of 3 rows, KL on) with a stand-in reward that gives the update a signal (an odd-length
+# response scores 1). It records each step's responses in rollouts.jsonl.
+TRAIN = """
+import json, sys
+from dataclasses import replace
+sys.path.insert(0, sys.argv[1])
+import train
+from config import preset
+from reward import RewardPool
+RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
+out, explore, steps, resume = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "resume"
+collect = train.collect_groups
+def recorded(r, step):
+    groups = collect(r, step)
+    if r.world.is_main:
+        with open(out + "/rollouts.jsonl", "a") as f:
+            f.write(json.dumps({"step": step + 1, "responses": groups.rollout.responses()}) + "\\n")
+    return groups
+train.collect_groups = recorded
+train.run(replace(preset("tiny"), out_dir=out, explore=explore, max_steps=steps, resume=resume, save_every=2,
+                  prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=3, max_new_tokens=12,
+                  rollout_batch_size=12, kl_coef=0.05, mix_rate=0.3))
+"""
+TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
+
+
+def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False):
+    """train.py's run under `torchrun --nproc-per-node processes`; returns the finished process."""
+    script = out.parent / f"{out.name}-train.py"
+    script.write_text(TRAIN)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    done = subprocess.run([*launch, str(script), str(ROOT), str(out), explore, str(steps),
+                           "resume" if resume else "fresh"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def outputs(out: Path, step: int) -> dict:
+    """What a run wrote: the recorded responses and metrics per step, and the weights of checkpoint `step`."""
+    from model import load_model
+
+    lines = lambda name: [json.loads(line) for line in (out / name).read_text().splitlines()]
+    return dict(rollouts=lines("rollouts.jsonl"),
+                metrics=[{k: v for k, v in m.items() if k not in TIMING} for m in lines("metrics.jsonl")],
+                weights=load_model(str(out / "checkpoints" / f"step-{step}"), dtype=torch.float32,
+                                   device="cpu").state_dict())
+
+
+def assert_same_run(got: dict, expected: dict, steps: int):
+    assert [r["responses"] for r in got["rollouts"][:steps]] == \
+        [r["responses"] for r in expected["rollouts"][:steps]]  # token for token
+    for mine, theirs in zip(got["metrics"][:steps], expected["metrics"][:steps], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (mine["step"], key)
+    assert max_diff(got["weights"], expected["weights"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def neighbor_runs(tmp_path_factory) -> Path:
+    """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and 1 process, 2 steps."""
+    root = tmp_path_factory.mktemp("neighbor")
+    train_run(root / "two", 2, "neighbor", 4)
+    train_run(root / "one", 1, "neighbor", 2)
+    return root
+
+
+def test_two_processes_train_like_one_with_neighbor_mixing(neighbor_runs):
+    one = outputs(neighbor_runs / "one", 2)
+    assert sum(m["mix_rate"] for m in one["metrics"]) > 0 and one["metrics"][-1]["grad_norm"] > 0
+    assert_same_run(outputs(neighbor_runs / "two", 2), one, steps=2)
+
+
+def test_two_processes_train_like_one_without_exploration(tmp_path):
+    train_run(tmp_path / "one", 1, "none", 2)
+    train_run(tmp_path / "two", 2, "none", 2)
+    assert_same_run(outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2), steps=2)
+
+
+def resumed_copy(neighbor_runs: Path, name: str) -> Path:
+    """The 2-process run as it was after step 2: its step-4 checkpoint and later records removed."""
+    out = neighbor_runs / name
+    shutil.copytree(neighbor_runs / "two", out)
+    shutil.rmtree(out / "checkpoints" / "step-4")
+    (out / "rollouts.jsonl").write_text("".join(line + "\n" for line in
+                                                (out / "rollouts.jsonl").read_text().splitlines()[:2]))
+    return out
+
+
+def test_resume_under_two_processes_equals_the_straight_run(neighbor_runs):
+    out = resumed_copy(neighbor_runs, "resumed")
+    train_run(out, 2, "neighbor", 4, resume=True)
+    assert_same_run(outputs(out, 4), outputs(neighbor_runs / "two", 4), steps=4)
+
+
+def test_resume_with_another_number_of_processes_completes_and_says_so(neighbor_runs):
+    out = resumed_copy(neighbor_runs, "resumed-by-one")
+    done = train_run(out, 1, "neighbor", 4, resume=True)
+    assert "written by 2 process(es), this run has 1" in done.stderr
+    # Rollout calls are keyed by (seed, step, draw, call): the same work, in another reduction order.
+    assert_same_run(outputs(out, 4), outputs(neighbor_runs / "two", 4), steps=4)
+
+
+def test_checkpoint_written_by_two_processes_loads_in_transformers(neighbor_runs):
+    transformers = pytest.importorskip("transformers")
+    from model import load_model
+
+    path = neighbor_runs / "two" / "checkpoints" / "step-4"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ours = load_model(str(path), dtype=torch.float32, device="cpu")
+    ids = torch.tensor([[5, 80, 17, 200, 3, 9]])
+    with torch.no_grad():
+        assert float((hf(ids).logits - ours(ids)).abs().max()) < 1e-4
