@@ -161,7 +161,10 @@ class Config:
                             "empty = the test split of a built-in --data, else none")
     eval_problems: int = option(0, "held-out problems scored (greedy) before and after training (0 = no held-out eval)")
     eval_every: int = option(0, "also score the held-out problems every N steps (0 = only before and after)")
-    device: str = option("", "cuda or cpu (empty = cuda when available)")
+    device: str = option("", "cuda or cpu (empty = cuda when available; under torchrun each rank uses "
+                              "cuda:LOCAL_RANK)")
+    dist_timeout_s: float = option(1800.0, "under torchrun: a rank that waits this long for the others (one "
+                                   "hung or died) stops the job with an error instead of waiting for ever")
 
     # --- validation during training: eval.py's protocol on benchmarks, as the released runs did
     val_data: str = option("", "benchmarks sampled and scored during training, as eval.py's --benchmarks "
@@ -199,6 +202,7 @@ class Config:
             (self.sft_dev_problems >= 1 and self.sft_eval_every >= 1,
              "sft_dev_problems and sft_eval_every must be at least 1"),
             (self.device in ("", "cpu", "cuda") or self.device.startswith("cuda:"), "device must be cpu or cuda"),
+            (self.dist_timeout_s > 0, "dist_timeout_s must be > 0"),
             (self.temperature >= 0, "temperature must be >= 0 (0 = greedy, for evaluation only)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k >= 0 and self.soft_top_k >= 1, "top_k must be >= 0 and soft_top_k >= 1"),
@@ -269,7 +273,7 @@ class Config:
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.
 RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
                       "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
-                      "val_before_train", "report_to")
+                      "val_before_train", "report_to", "dist_timeout_s")
 
 
 _1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"

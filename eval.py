@@ -2,15 +2,19 @@
 
     python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500
     python eval.py --model tiny --benchmarks ../shared/data/eval/math500.jsonl --limit 6 --n 4 --max-new-tokens 16
+    torchrun --nproc-per-node 8 -- eval.py --model runs/ngrpo/checkpoints/step-500 --batch-size 64
 
 Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
 evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
 line per sample) and OUT/results.json (fractions in [0, 1]); prints the table in percent. Work is done in
 batches whose composition and seed depend only on the settings, and each finished batch is appended to
 samples.jsonl at once, so `--resume` after an interruption ends with the same results as one whole run.
+Under torchrun the batches are dealt to the ranks and the results do not depend on the number of processes
+(give --batch-size: the automatic one depends on the free memory of rank 0's GPU).
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -23,7 +27,9 @@ import torch
 
 import config
 import data
+import distributed
 import reward
+from distributed import World
 
 # Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
 HUB_BENCHMARKS = {
@@ -76,12 +82,13 @@ def render_prompts(benchmarks, tokenizer) -> list[tuple[str, list[dict], str]]:
             for name, problems, kind in benchmarks]
 
 
-def sampler_fn(model, tokenizer, sampling, exploration, table=None):
+def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
     """evaluate()'s generate_fn: (prompt ids, seed) -> (decoded responses, tokens generated)."""
     from rollout import generate
 
     def generate_fn(prompts, seed):
-        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed, progress=True)
+        rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
+                           progress=progress)
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 
@@ -107,16 +114,61 @@ def batch_seed(seed: int, benchmark: str, batch_index: int) -> int:
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
-             score_fn=None, progress: bool = True, scored_by: dict | None = None) -> dict:
+             score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed) -> texts` in
     batches sorted by prompt length, scores them with `score_fn(pairs, kind) -> [0/1]`, writes
     samples.jsonl and results.json (with `scored_by`, the grader settings, when given) under out_dir and
-    returns the results."""
+    returns the results.
+
+    Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
+    each round's samples, writes them in batch order and alone writes the files. A batch's composition and
+    seed do not depend on the world size, so neither do the results."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     samples_path = out_dir / "samples.jsonl"
+    done = finished_samples(samples_path, resume) if world.is_main else None
+    done = distributed.broadcast_object(done, world)
+    results = {}
+    with open(samples_path, "a") if world.is_main else contextlib.nullcontext() as samples_file:
+        for name, problems, kind in benchmarks:
+            items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
+            batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+            rounds = range(0, len(batches), world.size)
+            bar = tqdm(rounds, desc=name, unit="batch", disable=not (progress and world.is_main),
+                       file=sys.stderr)
+            for first in bar:
+                mine = [], 0
+                if first + world.rank < len(batches):
+                    start = time.perf_counter()
+                    index = first + world.rank
+                    mine = run_batch(name, problems, kind, batches[index], done, generate_fn, score_fn,
+                                     batch_seed(seed, name, index))
+                    bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
+                this_round = min(world.size, len(batches) - first)
+                for records, _ in distributed.gather_dealt([mine], this_round, world):
+                    for record in records:
+                        done[(name, record["problem_id"], record["sample"])] = record
+                        if world.is_main:
+                            samples_file.write(json.dumps(record) + "\n")
+                if world.is_main:
+                    samples_file.flush()  # a finished batch survives an interruption
+            correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
+            results[name] = summarize(correct, n)
+    math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
+    if math_sets:
+        results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
+                              for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
+    if world.is_main:
+        record = {**results, "scored_by": scored_by} if scored_by else results
+        (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+    return results
+
+
+def finished_samples(samples_path: Path, resume: bool) -> dict:
+    """The samples of an earlier run kept by --resume, by (benchmark, problem id, sample); without --resume
+    the file is removed. A last line cut short by an interruption is dropped (that batch runs again)."""
+    samples_path.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if resume and samples_path.exists():
         lines = samples_path.read_text().splitlines()
@@ -126,45 +178,30 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
             except json.JSONDecodeError:
                 if line_no < len(lines):
                     raise data.DataError(f"{samples_path}:{line_no}: not a sample record; cannot resume") from None
-                break  # the last line of an interrupted write: that batch runs again
+                break
             done[(record["benchmark"], record["problem_id"], record["sample"])] = record
         partial = samples_path.with_suffix(".partial")
         partial.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
         os.replace(partial, samples_path)  # never lose finished samples to a second interruption
     elif samples_path.exists():
         samples_path.unlink()
+    return done
 
-    results = {}
-    with samples_path.open("a") as samples_file:
-        for name, problems, kind in benchmarks:
-            items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
-            batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
-            bar = tqdm(batches, desc=name, unit="batch", disable=None if progress else True, file=sys.stderr)
-            for batch_index, batch in enumerate(bar):
-                keys = [(name, problems[i]["id"], s) for _, i, s in batch]
-                if all(key in done for key in keys):
-                    continue
-                start = time.perf_counter()
-                texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch],
-                                                batch_seed(seed, name, batch_index))
-                scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
-                for (_, i, _), key, text, score in zip(batch, keys, texts, scores):
-                    if key not in done:  # (a batch of another --batch-size may have done part of this one)
-                        done[key] = {"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
-                                     "extracted": extracted_answer(text, kind), "reference": problems[i]["answer"],
-                                     "correct": bool(score)}
-                        samples_file.write(json.dumps(done[key]) + "\n")
-                samples_file.flush()  # a finished batch survives an interruption
-                bar.set_postfix(tokens_per_s=f"{num_tokens / (time.perf_counter() - start):.0f}")
-            correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
-            results[name] = summarize(correct, n)
-    math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
-    if math_sets:
-        results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
-                              for key in math_sets[0] if key.startswith(("mean@", "pass@"))}
-    record = {**results, "scored_by": scored_by} if scored_by else results
-    (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-    return results
+
+def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) -> tuple[list[dict], int]:
+    """Generates and scores one batch of (prompt length, problem index, sample) items; returns the records
+    of the samples not yet in `done` (a batch of another --batch-size may have done part of this one) and
+    the number of tokens generated."""
+    keys = [(name, problems[i]["id"], s) for _, i, s in batch]
+    if all(key in done for key in keys):
+        return [], 0
+    texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed)
+    scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
+    records = [{"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
+                "extracted": extracted_answer(text, kind), "reference": problems[i]["answer"],
+                "correct": bool(score)}
+               for (_, i, _), key, text, score in zip(batch, keys, texts, scores) if key not in done]
+    return records, num_tokens
 
 
 def extracted_answer(text: str, kind: str) -> str | None:
@@ -194,8 +231,8 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
 # defaults of the paper's evaluation protocol where they differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "max_new_tokens", "temperature", "top_p", "top_k", "explore", "mix_rate",
                "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
-               "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device",
-               "grader", "reward", "require_boxed")
+               "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite",
+               "device", "dist_timeout_s", "grader", "reward", "require_boxed")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
 RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "n", "max_new_tokens", "temperature", "top_p",
@@ -265,16 +302,30 @@ def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: boo
 
 
 def main(argv=None) -> dict:
+    """Under torchrun every rank loads the model and samples its share of the batches (see `evaluate`)."""
     args, cfg = parse_args(argv)
+    try:
+        world = distributed.init_world(cfg.device, cfg.dist_timeout_s)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    try:
+        return run(args, cfg, world)
+    finally:
+        distributed.close_world(world)
+
+
+def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
     from model import load_model, resolve_device
     from rollout import Sampling, exploration_from_config
 
     out_dir = Path(cfg.out_dir)
     try:
-        device = resolve_device(cfg.device)
+        device = world.device if world.distributed else resolve_device(cfg.device)
         pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
         settings = settings_of(args, cfg)
-        claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
+        if world.is_main:
+            claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
+        distributed.barrier(world)
         benchmarks = load_benchmarks(args.benchmarks, args.limit, flag="--benchmarks")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         try:
@@ -287,26 +338,32 @@ def main(argv=None) -> dict:
         sys.exit(f"error: {error}")
     prompted = render_prompts(benchmarks, tokenizer)
     table = None
-    if cfg.explore == "neighbor":
+    if cfg.explore == "neighbor" and world.is_main:  # built once, on rank 0, and shared
         from neighbors import table_for
 
-        table = table_for(model, cfg)
+        table = table_for(model, cfg).cpu()
+    table = distributed.broadcast_object(table, world)
+    table = None if table is None else table.to(device)
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
                         pad_id=data.pad_id_of(tokenizer))
     longest = max(len(p["prompt_ids"]) for _, problems, _ in prompted for p in problems)
     batch_size = args.batch_size or auto_batch_size(model, longest + cfg.max_new_tokens,
                                                     sum(len(p) for _, p, _ in prompted) * args.n)
+    batch_size = distributed.broadcast_object(batch_size, world)  # rank 0's: batches must agree across ranks
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    if world.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    generate_fn = sampler_fn(model, tokenizer, sampling, exploration, table, progress=world.is_main)
     scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed}
     with pool:
-        results = evaluate(prompted, sampler_fn(model, tokenizer, sampling, exploration, table), n=args.n,
-                           out_dir=out_dir, batch_size=batch_size, seed=cfg.seed, resume=cfg.resume,
-                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind), scored_by=scored_by)
-    print(format_table(results))
-    print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
+        results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
+                           seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by,
+                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+    if world.is_main:
+        print(format_table(results))
+        print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
     return results
 
 

@@ -20,6 +20,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
+import distributed
+from distributed import World
+
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
     """sum_c w_c E[c] over the last axis: [..., K] ids and weights -> [..., d] in the embedding's dtype.
@@ -294,76 +297,90 @@ class Episodes:
         return mask if self.in_loss is None else mask & self.in_loss[:, None].to(mask.device)
 
 
-def micro_batches(num_rows: int, size: int) -> list[slice]:
-    """The row slices of each forward / backward pass: memory only, never the gradient."""
-    return [slice(start, start + size) for start in range(0, num_rows, size)]
-
-
 def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p, entropy) [N, T] of every response token, replaying the recorded inputs through `model` under
-    autocast at the sampling temperature."""
-    with autocast(model.embed_tokens.weight.device):
-        return sequence_logprobs(model, rollout.prompts, rollout.cand_ids, rollout.cand_weights, rollout.lengths,
-                                 rollout.response_ids, temperature=cfg.temperature,
-                                 chunk_tokens=cfg.logprob_chunk_tokens)
+    """(log p, entropy) [N, T] of every response token, replaying the recorded inputs through `model` (a
+    Transformer, or the distributed.ModelCall that is FSDP's root) under autocast at the sampling
+    temperature."""
+    with autocast(distributed.device_of(model)):
+        return distributed.run_model(model, sequence_logprobs, rollout.prompts, rollout.cand_ids,
+                                     rollout.cand_weights, rollout.lengths, rollout.response_ids,
+                                     temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens)
 
 
 @torch.no_grad()
-def replay_logprobs(model, rollout, cfg) -> torch.Tensor:
-    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch."""
-    slices = micro_batches(len(rollout.prompts), cfg.micro_batch_size)
-    # A bar only on a terminal, and only when replay takes more than 2 s.
-    bar = tqdm(slices, desc="replay", leave=False, delay=2, file=sys.stderr, disable=None)
-    return torch.cat([replay(model, rollout.select(rows), cfg)[0].float() for rows in bar])
+def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor:
+    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch. Under torchrun each
+    rank replays its `deal` share of the rows and every rank gets all of them back, in row order."""
+    num_rows, rows = len(rollout.prompts), []
+    # A bar only on a terminal (of rank 0), and only when replay takes more than 2 s.
+    bar = tqdm(distributed.dealt_batches(num_rows, cfg.micro_batch_size, world), desc="replay", leave=False,
+               delay=2, file=sys.stderr, disable=None if world.is_main else True)
+    for index, real in bar:
+        logp = replay(model, rollout.select(index), cfg)[0].float()  # [b, T]
+        rows += list(logp.cpu() if world.distributed else logp) if real else []  # a stand-in's are dropped
+    return torch.stack(distributed.gather_dealt(rows, num_rows, world)).to(distributed.device_of(model))
 
 
-def make_episodes(policy, reference, rollout, advantages, cfg) -> tuple[Episodes, torch.Tensor]:
+def make_episodes(policy, reference, rollout, advantages, cfg,
+                  world: World = World()) -> tuple[Episodes, torch.Tensor]:
     """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
     |rollout - replay| log-prob gap of every response token (it shows sampler / trainer drift)."""
     policy.eval()
-    replayed = replay_logprobs(policy, rollout, cfg)
+    replayed = replay_logprobs(policy, rollout, cfg, world)
     logp_gap = (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
-    ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg)
+    ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg, world)
     old_logp = replayed if cfg.old_logp == "replay" else rollout.logprobs.float()
     episodes = Episodes(rollout, advantages.to(replayed.device), old_logp, ref_logp,
                         rollout.finished if cfg.mask_truncated else None)
     return episodes, logp_gap
 
 
-def backward_minibatch(model, episodes: Episodes, cfg) -> dict:
+def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -> dict:
     """Accumulates into .grad the gradient of the loss over all response tokens of `episodes` (aggregated as
     cfg.loss_agg says), cfg.micro_batch_size rows per forward / backward. Every micro-batch divides by the
     whole mini-batch's loss_normalizer, so the gradient does not depend on the split. Returns the metrics,
     or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
-    accumulated)."""
+    accumulated).
+
+    Under torchrun each rank takes its `deal` share of the rows (in the same number of calls on every rank)
+    and divides by the whole mini-batch's count, so FSDP's reduced gradient is the one-process gradient;
+    the metrics are reduced over the ranks. A non-finite loss on any rank makes every rank report it; the
+    backward still runs everywhere (FSDP's collectives must match) and the step is skipped."""
     full_mask = episodes.loss_mask()
-    normalizer = loss_normalizer(full_mask, cfg.loss_agg, cfg.loss_agg_rows)
+    # Every rank holds the whole mini-batch, so its count is known everywhere; FSDP averages the ranks'
+    # gradients, hence the division by the world size: the reduced gradient is sum_r loss_r / count.
+    normalizer = loss_normalizer(full_mask, cfg.loss_agg, cfg.loss_agg_rows) / world.size
     # token-mean-per-rows: runs of rows are counted over the whole mini-batch, not per micro-batch.
     run_tokens = group_tokens(full_mask, cfg.loss_agg_rows) if cfg.loss_agg == "token-mean-per-rows" else None
-    device = model.embed_tokens.weight.device
+    device = distributed.device_of(model)
     totals: dict[str, float] = {}
-    entropy_sum = 0.0
-    for rows in micro_batches(len(episodes), cfg.micro_batch_size):
-        micro = episodes.rows(rows)
+    entropy_sum, finite = 0.0, True
+    for index, real in distributed.dealt_batches(len(episodes), cfg.micro_batch_size, world):
+        micro = episodes.rows(index)
         logp, entropy = replay(model, micro.rollout, cfg)
-        mask = micro.loss_mask().to(device)
+        mask = micro.loss_mask().to(device) & real  # a stand-in counts for nothing
         with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, micro.old_logp.to(device), micro.advantages.to(device), mask,
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
                                         cfg=cfg, normalizer=normalizer.to(device),
-                                        run_tokens=None if run_tokens is None else run_tokens[rows].to(device))
-        if not torch.isfinite(loss):
-            return {"loss": float(loss.detach()), "finite": False}
+                                        run_tokens=None if run_tokens is None else
+                                        run_tokens[index].to(device))
+        if real and not torch.isfinite(loss):
+            finite = False
+            if not world.distributed:
+                return {"loss": float(loss.detach()), "finite": False}
         loss.backward()
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + float(value)
         entropy_sum += float((entropy * mask).sum())
+    totals = distributed.mean_across(totals, 1.0, world)  # each rank's sums / (count / W): their mean
+    entropy_sum = distributed.sum_across({"entropy": entropy_sum}, world)["entropy"]
     totals["entropy"] = entropy_sum / float(full_mask.sum().clamp_min(1))
-    totals["finite"] = True
+    totals["finite"] = not distributed.max_across({"bad": float(not finite)}, world)["bad"]
     return totals
 
 
-def optimize(policy, optimizer, episodes: Episodes, cfg) -> tuple[dict, int]:
+def optimize(policy, optimizer, episodes: Episodes, cfg, world: World = World()) -> tuple[dict, int]:
     """ppo_epochs passes of mini-batch updates (mini_batch_prompts groups each, grad-norm clipped). A
     mini-batch whose loss or gradient is not finite is skipped. Returns (metric -> values per update, skipped)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -372,10 +389,10 @@ def optimize(policy, optimizer, episodes: Episodes, cfg) -> tuple[dict, int]:
     per_minibatch = cfg.mini_batch_prompts * cfg.group_size
     starts = [start for _ in range(cfg.ppo_epochs) for start in range(0, len(episodes), per_minibatch)]
     for start in tqdm(starts, desc="update", unit="minibatch", leave=False, delay=2, file=sys.stderr,
-                      disable=None):
+                      disable=None if world.is_main else True):
         optimizer.zero_grad(set_to_none=True)
-        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg, world)
+        grad_norm = distributed.clip_grad_norm(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         if not result.pop("finite") or not torch.isfinite(grad_norm):
             skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
             optimizer.zero_grad(set_to_none=True)
@@ -387,13 +404,14 @@ def optimize(policy, optimizer, episodes: Episodes, cfg) -> tuple[dict, int]:
     return update, skipped
 
 
-def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg) -> tuple[dict, int, torch.Tensor]:
+def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg,
+           world: World = World()) -> tuple[dict, int, torch.Tensor]:
     """One rollout batch's whole update: group advantages -> replayed old / reference log-probs -> ppo_epochs
     of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, mini-batches skipped,
     the per-token |rollout - replay| log-prob gap)."""
     virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
     advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
                                   virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
-    episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg)
-    per_step, skipped = optimize(policy, optimizer, episodes, cfg)
+    episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg, world)
+    per_step, skipped = optimize(policy, optimizer, episodes, cfg, world)
     return {key: sum(values) / len(values) for key, values in per_step.items()}, skipped, logp_gap

@@ -10,7 +10,6 @@ mini-batch steps) -> metrics -> checkpoint. Outputs in --out-dir: config.json, m
 completions.jsonl, checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
 """
 
-import copy
 import json
 import os
 import random
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import distributed
 import eval as evaluation
 from analysis import group_diversity, mixture_cosine
 from config import RUN_CONTROL_FIELDS, Config, parse_config
@@ -34,7 +34,7 @@ from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, mixed_embeddings, overlong_penalty, token_logprobs, update
 from reward import RewardPool, extract_answer
-from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
+from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate
 from tracking import Tracker
 
 
@@ -50,11 +50,14 @@ class Run:
     """What a training run holds from step to step, built once by `setup`."""
 
     cfg: Config
+    world: distributed.World  # this process under torchrun; a world of one without it
     out_dir: Path
     device: torch.device
     tokenizer: object
-    policy: torch.nn.Module  # fp32, trained
-    sampler: torch.nn.Module  # the policy itself on CPU; on GPU a bf16 copy refreshed after every update
+    policy: torch.nn.Module  # fp32, trained (the Transformer; under torchrun its parameters are FSDP shards)
+    trainer: distributed.ModelCall  # what the update runs the policy through (FSDP's root under torchrun)
+    sampler: torch.nn.Module  # the policy itself on one CPU; else an unsharded copy (bf16 on GPU) refreshed
+    #                           after every update
     optimizer: torch.optim.Optimizer
     problems: list[dict]
     held_out: list[dict]
@@ -65,19 +68,17 @@ class Run:
     reference: torch.nn.Module | None = None  # the KL term's frozen model (bf16 on GPU)
     table: torch.Tensor | None = None  # the neighbor table in use ([V, k]), for --explore neighbor
     val_sets: list = field(default_factory=list)  # --val-data as eval.py's (name, problems, kind)
-    tracker: Tracker | None = None  # --report-to
+    tracker: Tracker | None = None  # --report-to (rank 0 only)
     summary: dict = field(default_factory=dict)
 
     def refresh_sampler(self) -> None:
         if self.sampler is not self.policy:
-            with torch.no_grad():
-                for target, source in zip(self.sampler.parameters(), self.policy.parameters()):
-                    target.copy_(source)
+            distributed.copy_weights(self.policy, self.sampler)
 
     def held_out_accuracy(self) -> float:
         self.sampler.eval()
         return held_out_accuracy(self.sampler, self.held_out, self.tokenizer, self.pool,
-                                 max_new_tokens=self.cfg.max_new_tokens)
+                                 max_new_tokens=self.cfg.max_new_tokens, world=self.world)
 
 
 @dataclass
@@ -102,36 +103,51 @@ class Groups:
 
 
 def run(cfg: Config) -> dict:
-    """The whole run; returns the summary also written to OUT/summary.json."""
+    """The whole run; returns the summary also written to OUT/summary.json. Under torchrun every rank runs
+    this; rank 0 alone writes the outputs and prints."""
     try:
         cfg.check_trainable()
+        world = distributed.init_world(cfg.device, cfg.dist_timeout_s)
     except ValueError as error:
         raise RunError(str(error)) from None
-    out_dir = claim_out_dir(cfg)
-    print(f"out dir: {out_dir}", flush=True)
-    r = setup(cfg, out_dir)
-    start_step = restore_checkpoint(r) if cfg.resume and checkpoint_dirs(out_dir) else start_fresh(r)
+    try:
+        return run_steps(cfg, world)
+    finally:
+        distributed.close_world(world)
+
+
+def run_steps(cfg: Config, world: distributed.World) -> dict:
+    """`run` in an initialised world: setup, resume or a fresh start, the step loop, the summary."""
+    out_dir = claim_out_dir(cfg) if world.is_main else Path(cfg.out_dir)
+    distributed.barrier(world)  # the others wait while rank 0 checks --out-dir
+    say(world, f"out dir: {out_dir}" + (f" ({world.size} processes)" if world.distributed else ""))
+    r = setup(cfg, world, out_dir)
+    resuming = distributed.broadcast_object(cfg.resume and bool(checkpoint_dirs(out_dir)), world)  # rank 0's
+    start_step = restore_checkpoint(r) if resuming else start_fresh(r)
     max_steps = cfg.max_steps or -(-len(r.problems) // cfg.prompts_per_step)
-    metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step)
+    metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
     if r.held_out and start_step == 0:
         r.summary["accuracy_before"] = r.held_out_accuracy()
-        print(f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} ({len(r.held_out)} problems)")
+        say(world, f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} "
+                   f"({len(r.held_out)} problems)")
     if r.val_sets and cfg.val_before_train and start_step == 0:
         r.summary["val_before"] = validate(r, 0)
-        print("validation before RL: " + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
+        say(world, "validation before RL: "
+                   + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
 
     failures_in_a_row, step = 0, start_step
     with StopOnInterrupt() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
-                         file=sys.stderr, disable=None):
+                         file=sys.stderr, disable=None if world.is_main else True):
             step_start = time.perf_counter()
             if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step \
                     and step % cfg.neighbor_refresh == 0:
-                r.table = table_for(r.sampler, cfg, cache_dir=out_dir / "neighbors")
+                r.table = shared_table(r)
             groups = collect_groups(r, step)
             update_start = time.perf_counter()
             result, skipped, logp_gap = ({}, 0, torch.zeros(0)) if not len(groups.trained.prompts) else \
-                update(r.policy, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg)
+                update(r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg,
+                       world)
             r.refresh_sampler()
             update_s = time.perf_counter() - update_start
             metrics = step_metrics(r, step + 1, groups, result, skipped, logp_gap, update_s)
@@ -141,12 +157,13 @@ def run(cfg: Config) -> dict:
                 metrics.update(validate(r, step + 1))
                 keep_if_best(r, step + 1, metrics)
             metrics["step_s"] = time.perf_counter() - step_start
-            log_step(r, metrics_path, metrics, groups)
+            if world.is_main:
+                log_step(r, metrics_path, metrics, groups)
             failures_in_a_row = failures_in_a_row + 1 if skipped and not result else 0
             if failures_in_a_row >= 3:
                 raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
                                "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
-            if interrupt.requested:
+            if distributed.max_across({"stop": float(interrupt.requested)}, world)["stop"]:  # all ranks agree
                 save_checkpoint(r, step + 1)
                 raise KeyboardInterrupt(step + 1)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < max_steps:
@@ -157,26 +174,19 @@ def run(cfg: Config) -> dict:
 
 
 def collect_groups(r: Run, step: int) -> Groups:
-    """Draws a batch of prompts, samples G responses for each (--rollout-batch-size rows at a time) and
+    """Draws a batch of prompts, samples G responses for each (in calls of --rollout-batch-size rows) and
     scores them; with --refill draws more batches until prompts_per_step groups carry a learning signal
-    (or --max-refill-draws is reached). Then keeps the groups --filter-groups keeps, at most prompts_per_step."""
+    (or --max-refill-draws is reached). Then keeps the groups --filter-groups keeps, at most prompts_per_step.
+    Under torchrun the calls are dealt to the ranks and every rank ends with the whole step."""
     cfg = r.cfg
     rows, texts, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], 0, 0.0, 0.0
     while True:
         batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
-        start = time.perf_counter()
         r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
-        # --rollout-batch-size rows decode at once; a finished row's slot takes the next waiting row. Every draw
-        # is keyed by (seed, step, draw, row): a row's response depends neither on its slot and batch-mates nor
-        # on the process that decodes it.
-        rollout = generate(r.sampler, [p["prompt_ids"] for p in batch_rows], r.sampling, r.exploration,
-                           neighbor_table=r.table, seed=(cfg.seed, step, len(rollouts)),
-                           slots=cfg.rollout_batch_size or None, progress=True)
-        rollout_s += time.perf_counter() - start
-        batch_texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
-        start = time.perf_counter()
-        batch_scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(batch_texts, batch_rows)]))
-        score_s += time.perf_counter() - start
+        sample = dealt_rollouts if r.world.distributed else streamed_rollouts
+        rollout, batch_texts, batch_scores, batch_rollout_s, batch_score_s = sample(r, batch_rows, step,
+                                                                                    len(rollouts))
+        rollout_s, score_s = rollout_s + batch_rollout_s, score_s + batch_score_s
         rows, texts, scores = rows + batch_rows, texts + batch_texts, scores + [batch_scores]
         rollouts.append(rollout)
         groups_kept += int(keep_groups(batch_scores, cfg.group_size, cfg.filter_groups).sum())
@@ -194,6 +204,55 @@ def collect_groups(r: Run, step: int) -> Groups:
         trained, trained_rewards = rollout.select(index), rewards[index]
     return Groups(rows, texts, rollout, scores, rewards, trained, trained_rewards, len(rollouts), groups_kept,
                   rollout_s, score_s)
+
+
+def streamed_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
+    """One prompt batch's rollouts in one process: --rollout-batch-size rows decode at once and a finished
+    row's slot takes the next waiting row. Every draw is keyed by (seed, step, draw, row), so a row's
+    response depends neither on its slot and batch-mates nor on the process that decodes it. Returns
+    (rollout, texts, scores, rollout seconds, scoring seconds)."""
+    start = time.perf_counter()
+    rollout = generate(r.sampler, [p["prompt_ids"] for p in batch_rows], r.sampling, r.exploration,
+                       neighbor_table=r.table, seed=(r.cfg.seed, step, draw),
+                       slots=r.cfg.rollout_batch_size or None, progress=True)
+    rollout_s = time.perf_counter() - start
+    texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
+    start = time.perf_counter()
+    scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(texts, batch_rows)]))
+    return rollout, texts, scores, rollout_s, time.perf_counter() - start
+
+
+def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
+    """One prompt batch's rollouts under torchrun: its calls of --rollout-batch-size rows (0: one call per
+    rank) are dealt to the ranks; row i draws from (seed, step, draw, i) as in one process, so it comes out
+    the same whichever rank, and however many, decode it. Each rank scores its own rows; every rank gets back
+    the whole batch in row order. Returns (rollout, texts, scores, rollout seconds, this rank's scoring
+    seconds)."""
+    cfg, world = r.cfg, r.world
+    start = time.perf_counter()
+    per_call = cfg.rollout_batch_size or -(-len(batch_rows) // world.size)
+    starts = range(0, len(batch_rows), per_call)
+    done, score_s = [], 0.0
+    for call in distributed.deal(len(starts), world):
+        call_rows = batch_rows[starts[call] : starts[call] + per_call]
+        rollout = generate(r.sampler, [p["prompt_ids"] for p in call_rows], r.sampling, r.exploration,
+                           neighbor_table=r.table, seed=(cfg.seed, step, draw),
+                           row_keys=range(starts[call], starts[call] + len(call_rows)), progress=world.is_main)
+        call_texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
+        score_start = time.perf_counter()
+        call_scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(call_texts, call_rows)]))
+        score_s += time.perf_counter() - score_start
+        done.append((moved(rollout, "cpu"), call_texts, call_scores))
+    calls = distributed.gather_dealt(done, len(starts), world)
+    rollout = moved(Rollout.concat([c[0] for c in calls], r.sampling.pad_id), r.device)
+    texts, scores = [t for c in calls for t in c[1]], torch.cat([c[2] for c in calls])
+    return rollout, texts, scores, time.perf_counter() - start - score_s, score_s
+
+
+def moved(rollout: Rollout, device) -> Rollout:
+    """The rollout with its row tensors on `device` (CPU to cross ranks: a pickled CUDA tensor would land on
+    the receiving rank's GPU of the same number)."""
+    return replace(rollout, **{name: getattr(rollout, name).to(device) for name in ROW_TENSORS})
 
 
 def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, logp_gap: torch.Tensor,
@@ -300,12 +359,14 @@ def validate(r: Run, step: int) -> dict:
     longest = max(len(p["prompt_ids"]) for _, problems, _ in r.val_sets for p in problems)
     batch_size = cfg.rollout_batch_size or evaluation.auto_batch_size(r.sampler, longest + cfg.max_new_tokens,
                                                                       items)
+    batch_size = distributed.broadcast_object(batch_size, r.world)  # rank 0's: the batches must agree
     r.sampler.eval()
     results = evaluation.evaluate(r.val_sets, evaluation.sampler_fn(r.sampler, r.tokenizer, sampling, Exploration()),
                                   n=cfg.val_n, out_dir=r.out_dir / "val" / f"step-{step}", batch_size=batch_size,
                                   seed=cfg.seed, score_fn=lambda pairs, kind: r.pool.score(pairs, kind=kind),
-                                  progress=False, scored_by={"grader": cfg.grader, "reward": cfg.reward,
-                                                             "require_boxed": cfg.require_boxed})
+                                  progress=False, world=r.world,
+                                  scored_by={"grader": cfg.grader, "reward": cfg.reward,
+                                             "require_boxed": cfg.require_boxed})
     return {f"val/{name}/{key}": value for name, row in results.items() for key, value in row.items()
             if key.startswith(("mean@", "pass@"))}
 
@@ -321,26 +382,33 @@ def keep_if_best(r: Run, step: int, metrics: dict) -> None:
         raise RunError(f"--keep-best {name}: validation gives no such metric (it gives {found})")
     best_path = r.out_dir / "best"
     best = json.loads((best_path / "best.json").read_text()) if (best_path / "best.json").exists() else None
+    best = distributed.broadcast_object(best, r.world)  # rank 0's view of the file decides, for every rank
     if best is not None and metrics[name] <= best["value"]:
         return
-    tmp = Path(tempfile.mkdtemp(prefix=".best-", dir=r.out_dir))
-    save_model(r.policy, tmp, r.tokenizer)
-    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": name, "value": metrics[name]}) + "\n")
-    if best_path.exists():
-        old = best_path.rename(r.out_dir / f".best-old-{os.getpid()}")
-        os.replace(tmp, best_path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, best_path)
+    tmp = Path(tempfile.mkdtemp(prefix=".best-", dir=r.out_dir)) if r.world.is_main else None
+    save_weights(r, tmp)
+    if r.world.is_main:
+        record = {"step": step, "metric": name, "value": metrics[name]}
+        (tmp / "best.json").write_text(json.dumps(record) + "\n")
+        if best_path.exists():
+            old = best_path.rename(r.out_dir / f".best-old-{os.getpid()}")
+            os.replace(tmp, best_path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, best_path)
     r.summary["best"] = {"step": step, "metric": name, "value": metrics[name]}
 
 
-def finish(r: Run, metrics_path: Path) -> dict:
-    """The held-out accuracy after training, summary.json, and the final summary line."""
+def finish(r: Run, metrics_path: Path | None) -> dict:
+    """The held-out accuracy after training, summary.json, and the final summary line (rank 0 writes and
+    prints; every rank returns rank 0's summary)."""
     if r.held_out:
         r.summary["accuracy_after"] = r.held_out_accuracy()
     r.pool.close()
-    r.tracker.close()
+    if r.tracker is not None:
+        r.tracker.close()
+    if not r.world.is_main:
+        return distributed.broadcast_object(None, r.world)
     if (r.out_dir / "best" / "best.json").exists():
         r.summary["best"] = json.loads((r.out_dir / "best" / "best.json").read_text())
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
@@ -356,33 +424,44 @@ def finish(r: Run, metrics_path: Path) -> dict:
         gain = "" if before is None else f" (before: {before:.3f}, {100 * (r.summary['accuracy_after'] - before):+.1f} points)"
         print(f"held-out accuracy after RL: {r.summary['accuracy_after']:.3f}{gain}")
     print(f"{line}; outputs in {r.out_dir}")
-    return r.summary
+    return distributed.broadcast_object(r.summary, r.world)
 
 
 # ----------------------------------------------------------------------------- setting a run up
 
 
-def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_tokens: int, batch_size: int = 64) -> float:
-    """Greedy accuracy on held-out problems (their prompt_ids already rendered)."""
+def say(world: distributed.World, text: str, file=sys.stdout) -> None:
+    """print, on rank 0 only."""
+    if world.is_main:
+        print(text, file=file, flush=True)
+
+
+def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_tokens: int,
+                      batch_size: int = 64, world: distributed.World = distributed.World()) -> float:
+    """Greedy accuracy on held-out problems (their prompt_ids already rendered). Under torchrun the batches
+    are dealt to the ranks and the counts summed."""
     stop = (tokenizer.eos_token_id,)
     correct = 0
-    for start in range(0, len(problems), batch_size):
-        batch = problems[start : start + batch_size]
+    for batch_index in distributed.deal(-(-len(problems) // batch_size), world):
+        batch = problems[batch_index * batch_size : (batch_index + 1) * batch_size]
         rollout = generate(model, [p["prompt_ids"] for p in batch],
                            Sampling(temperature=0, max_new_tokens=max_new_tokens, stop_ids=stop))
         texts = tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
         correct += sum(pool.score([(text, p["answer"]) for text, p in zip(texts, batch)]))
-    return correct / len(problems)
+    return distributed.sum_across({"correct": correct}, world)["correct"] / len(problems)
 
 
 def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dict:
     """Teacher forcing on worked solutions (`solution` ends in \\boxed{answer}) so that a random model can
-    answer at all: cross-entropy on the response tokens, AdamW, at most sft_steps steps.
+    answer at all: cross-entropy on the response tokens, AdamW, at most sft_steps steps. `model` is a
+    Transformer or a distributed.ModelCall; under torchrun every rank takes the same batches (a demo-sized warm
+    start), so FSDP's averaged gradient is the one-process one.
 
     With sft_target_accuracy it stops once greedy accuracy on the last sft_dev_problems problems (kept out of
     its batches) has reached the target at two checks in a row, checked every sft_eval_every steps (one check
     on 100 problems can pass on a lucky draw: std ~0.05). A fixed step count hands RL whatever competence the
-    CPU's fp32 rounding made of the trajectory; a target hands it the same skill every time. Returns {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}."""
+    CPU's fp32 rounding made of the trajectory; a target hands it the same skill every time. Returns
+    {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}."""
     usable = [p for p in problems if p.get("solution")]
     dev = usable[-cfg.sft_dev_problems :] if cfg.sft_target_accuracy > 0 else []
     usable = usable[: len(usable) - len(dev)]
@@ -393,7 +472,7 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dic
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
     dev_accuracy, steps, checks_passed = None, 0, 0
-    bar = tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr)
+    bar = tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr, disable=None)
     for steps in range(1, cfg.sft_steps + 1):
         model.train()
         batch = batcher.next_batch()
@@ -406,8 +485,8 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dic
         for row, (p, a) in enumerate(zip(batch, answers)):
             mask[row, len(p["prompt_ids"]) - 1 : len(p["prompt_ids"]) - 1 + len(a)] = True
         with autocast(device):
-            logp, _ = token_logprobs(model.forward_hidden(ids[:, :-1]), model.output_weight, labels,
-                                     chunk_tokens=cfg.logprob_chunk_tokens)
+            logp, _ = distributed.run_model(model, lambda m: token_logprobs(
+                m.forward_hidden(ids[:, :-1]), m.output_weight, labels, chunk_tokens=cfg.logprob_chunk_tokens))
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -489,9 +568,10 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
     return problems, held_out, dropped
 
 
-def check_memory(cfg: Config, policy, device: torch.device, longest_prompt: int) -> None:
+def check_memory(cfg: Config, policy, device: torch.device, longest_prompt: int,
+                 world: distributed.World) -> None:
     """Refuses, before allocating, a rollout whose KV cache cannot fit in the device's memory."""
-    rows = cfg.rollout_batch_size or cfg.prompts_per_step * cfg.group_size
+    rows = cfg.rollout_batch_size or -(-cfg.prompts_per_step * cfg.group_size // world.size)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     need = kv_cache_bytes(policy.cfg, rows, longest_prompt + cfg.max_new_tokens, dtype)
     if device.type == "cuda":
@@ -504,10 +584,11 @@ def check_memory(cfg: Config, policy, device: torch.device, longest_prompt: int)
                        "GiB: lower --max-new-tokens or --rollout-batch-size")
 
 
-def setup(cfg: Config, out_dir: Path) -> Run:
-    """Models, data, sampler settings, optimizer and reward pool of a run, and config.json written."""
+def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
+    """Models, data, sampler settings, optimizer and reward pool of a run, and config.json written. Under
+    torchrun the policy is sharded (FSDP2) and AdamW holds the state of this rank's shards only."""
     try:
-        device = resolve_device(cfg.device)
+        device = world.device if world.distributed else resolve_device(cfg.device)
     except ValueError as error:
         raise RunError(str(error)) from None
     random.seed(cfg.seed)
@@ -524,31 +605,32 @@ def setup(cfg: Config, out_dir: Path) -> Run:
                                                                             flag="--val-data"), tokenizer)
         except DataError as error:
             raise RunError(str(error)) from None
-    check_memory(cfg, policy, device, max(len(p["prompt_ids"]) for p in problems))
+    check_memory(cfg, policy, device, max(len(p["prompt_ids"]) for p in problems), world)
     try:
         exploration = exploration_from_config(cfg, tokenizer)
     except ValueError as error:
         raise RunError(str(error)) from None
-    if cfg.resume and not checkpoint_dirs(out_dir):
-        print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning", file=sys.stderr)
-    if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
-        shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's checkpoints
+    if world.is_main:  # the other ranks only read what rank 0 writes
+        if cfg.resume and not checkpoint_dirs(out_dir):
+            print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning",
+                  file=sys.stderr)
+        if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
+            shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cfg.save_json(out_dir / "config.json")
     try:
         pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
-    except ValueError as error:  # --grader math-verify without the package, a --reward that does not load
+        # Only rank 0 reports; Tracker checks the optional packages first.
+        tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))
+    except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward
         raise RunError(str(error)) from None
-    try:
-        tracker = Tracker(cfg.report_to, out_dir, config=asdict(cfg))  # checks the optional packages first
-    except (ImportError, ValueError) as error:
-        raise RunError(f"--report-to {cfg.report_to}: {error}") from None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save_json(out_dir / "config.json")
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
                         pad_id=pad_id_of(tokenizer))
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
+    trainer = distributed.shard_model(policy, world)
+    optimizer = torch.optim.AdamW([p for p in trainer.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
-    return Run(cfg, out_dir, device, tokenizer, policy, policy, optimizer, problems, held_out,
+    return Run(cfg, world, out_dir, device, tokenizer, policy, trainer, policy, optimizer, problems, held_out,
                PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed), pool, sampling, exploration,
                val_sets=val_sets, tracker=tracker, summary={"prompts": len(problems), "prompts_dropped": dropped})
 
@@ -556,29 +638,45 @@ def setup(cfg: Config, out_dir: Path) -> Run:
 def start_fresh(r: Run) -> int:
     """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
     if r.cfg.sft_steps > 0:
-        r.summary.update(warm_start(r.policy, r.problems, r.tokenizer, r.cfg, r.device, r.pool))
-        save_model(r.policy, r.out_dir / "warm_start", r.tokenizer)  # the KL term's reference, also on resume
+        r.summary.update(warm_start(r.trainer, r.problems, r.tokenizer, r.cfg, r.device, r.pool))
+        save_weights(r, r.out_dir / "warm_start")  # the KL term's reference, also on resume
     prepare_sampling(r, saved_table=None)
     return 0
 
 
 def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
-    """The reference model (when KL is on), the sampler copy (on GPU) and the neighbor table."""
+    """The reference model (when KL is on), the sampler copy and the neighbor table.
+
+    Under torchrun the reference is sharded like the policy (bf16 shards on GPU): at 7B that is 1.9 GB per
+    GPU instead of a 15 GB bf16 copy (README, "Several GPUs"). The sampler is an unsharded copy on every
+    rank, since each rank decodes its own rows."""
     cfg = r.cfg
     if cfg.kl_coef > 0:
         source = r.out_dir / "warm_start" if cfg.sft_steps > 0 else None
-        if source is not None or cfg.model != "tiny":
-            reference = load_model(str(source or cfg.model), dtype=torch.float32, device=r.device)
-        else:
-            reference = random_model(TINY_CONFIG, dtype=torch.float32, device=r.device, seed=cfg.seed)
+        distributed.barrier(r.world)  # rank 0 has written warm_start/
         dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
-        r.reference = reference.to(dtype).eval().requires_grad_(False)
-    if r.device.type != "cpu":
-        r.sampler = copy.deepcopy(r.policy).to(torch.bfloat16).requires_grad_(False)
+        if source is not None or cfg.model != "tiny":
+            reference = load_model(str(source or cfg.model), dtype=dtype, device=r.device)
+        else:  # drawn in fp32 and rounded, as the policy's initial weights are
+            reference = random_model(TINY_CONFIG, dtype=torch.float32, device=r.device,
+                                     seed=cfg.seed).to(dtype)
+        reference = reference.eval().requires_grad_(False)
+        r.reference = distributed.shard_model(reference, r.world) if r.world.distributed else reference
+    if r.device.type != "cpu" or r.world.distributed:
+        dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
+        r.sampler = distributed.unsharded_copy(r.policy, dtype=dtype, device=r.device)
     r.refresh_sampler()
     if cfg.explore == "neighbor":  # a resumed run keeps the table it was using (rebuilt only on refresh)
-        r.table = saved_table.to(r.device) if saved_table is not None else \
-            table_for(r.sampler, cfg, cache_dir=r.out_dir / "neighbors")
+        r.table = saved_table.to(r.device) if saved_table is not None else shared_table(r)
+
+
+def shared_table(r: Run) -> torch.Tensor:
+    """The neighbor table of the sampler's weights, built on rank 0 (which owns its on-disk cache) and
+    broadcast: every rank mixes with the same table."""
+    table = table_for(r.sampler, r.cfg, cache_dir=r.out_dir / "neighbors") if r.world.is_main else None
+    if not r.world.distributed:
+        return table
+    return distributed.broadcast_object(table.cpu() if r.world.is_main else None, r.world).to(r.device)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -590,22 +688,40 @@ def checkpoint_dirs(out_dir: Path) -> list[Path]:
     return sorted(found, key=lambda d: int(d.name[5:]))
 
 
+def save_weights(r: Run, out_dir: Path) -> None:
+    """The policy in the Hugging Face layout, gathered one parameter at a time and written by rank 0."""
+    state = distributed.gather_state_dict(r.policy, r.world)
+    if r.world.is_main:
+        save_model(distributed.model_from_state(r.policy, state), out_dir, r.tokenizer)
+
+
 def save_checkpoint(r: Run, step: int) -> None:
     """HF-layout weights plus optimizer, RNG, data cursor and the neighbor table in use, written to a
-    temporary directory and renamed: a crash mid-write leaves the previous checkpoints as they were."""
-    root = r.out_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".step-*"):  # what a killed run was writing
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
-    save_model(r.policy, tmp, r.tokenizer)
-    torch.save({"step": step, "optimizer": r.optimizer.state_dict(), "batcher": r.batcher.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate(), "neighbor_table": r.table}, tmp / "trainer_state.pt")
-    r.cfg.save_json(tmp / "config.json.run")
-    os.replace(tmp, root / f"step-{step}")
-    for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
-        shutil.rmtree(old)
+    temporary directory and renamed: a crash mid-write leaves the previous checkpoints as they were.
+
+    Under torchrun the weights and AdamW state are gathered to rank 0, which alone writes, in the same
+    files as one process: a checkpoint resumes under any number of processes. The AdamW state is keyed by
+    parameter name (optimizer.pt); gathering it costs rank 0 host memory of twice the fp32 weights (7B:
+    61 GB), which an 8-GPU node has; torch.distributed.checkpoint would shard the files instead."""
+    if r.world.is_main:
+        root = r.out_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step-*"):  # what a killed run was writing
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+    else:
+        tmp = None
+    save_weights(r, tmp)
+    optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
+    if r.world.is_main:
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                    "neighbor_table": r.table, "world_size": r.world.size}, tmp / "trainer_state.pt")
+        r.cfg.save_json(tmp / "config.json.run")
+        os.replace(tmp, root / f"step-{step}")
+        for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
+            shutil.rmtree(old)
+    distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
 
 
 def restore_checkpoint(r: Run) -> int:
@@ -613,12 +729,22 @@ def restore_checkpoint(r: Run) -> int:
     RNG states and neighbor table (claim_out_dir has checked its settings). Returns the step reached."""
     latest = checkpoint_dirs(r.out_dir)[-1]
     state = torch.load(latest / "trainer_state.pt", map_location=r.device, weights_only=False)
-    r.policy.load_state_dict(load_model(str(latest), dtype=torch.float32, device=r.device).state_dict())
-    r.optimizer.load_state_dict(state["optimizer"])
+    main = r.world.is_main  # rank 0 reads the weights and AdamW state; the others get their shards from it
+    weights = load_model(str(latest), dtype=torch.float32, device="cpu").state_dict() if main else None
+    distributed.load_state_dict(r.policy, weights, r.world)
+    optimizer_state = None
+    if main:
+        optimizer_state = torch.load(latest / "optimizer.pt", map_location="cpu", weights_only=False)
+    distributed.load_optimizer_state(r.trainer, r.optimizer, optimizer_state, r.world)
     r.batcher.load_state_dict(state["batcher"])
     torch.set_rng_state(state["torch_rng"].cpu())
     random.setstate(state["python_rng"])
-    print(f"resumed from {latest} (step {state['step']})", file=sys.stderr)
+    say(r.world, f"resumed from {latest} (step {state['step']})", sys.stderr)
+    written_by = state.get("world_size", 1)
+    if written_by != r.world.size:
+        say(r.world, f"--resume: the checkpoint was written by {written_by} process(es), this run has "
+            f"{r.world.size}: weights, AdamW state and data cursor resume as they were; the update's sums "
+            "run in another order (float rounding); rollouts are keyed by row, not by process", sys.stderr)
     prepare_sampling(r, saved_table=state.get("neighbor_table"))
     return state["step"]
 

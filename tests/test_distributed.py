@@ -1,0 +1,438 @@
+"""distributed.py on the CPU with the gloo backend: 2 processes started by the tests themselves give what
+one process gives (gradients, metrics, weights after a step, gathered checkpoints, resumed optimizer state);
+a failing or hung rank stops the job with that rank's message; without torchrun nothing is distributed.
+
+One 2-process run (`two_ranks`, a few seconds) exercises every building block and saves what each rank saw;
+the tests compare that with a one-process computation done here, without FSDP."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import distributed
+from config import preset
+from model import TINY_CONFIG, random_model, save_model
+from ngrpo import length_mask, policy_loss, sequence_logprobs
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = replace(preset("tiny"), kl_coef=0.05)  # the KL term on, so the reference log-probs reach the loss
+LR = 1e-3  # one AdamW step moves each weight by ~1e-3, far past the 1e-5 tolerance
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    world = distributed.init_world(device="cpu", timeout_s=60)
+    try:
+        fn(world, *args)
+    finally:
+        distributed.close_world(world)
+
+
+def run_ranks(fn, world_size: int, *args) -> None:
+    """Runs fn(world, *args) in `world_size` fresh processes joined by a gloo process group."""
+    mp.spawn(_rank_main, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def fixed_batch(rows: int = 5, T: int = 6, K: int = 2) -> dict:
+    """Replay rows with mixed inputs, different prompt and response lengths, and advantages of both signs."""
+    g = torch.Generator().manual_seed(7)
+    prompt_lens = torch.randint(2, 6, (rows,), generator=g).tolist()
+    prompts = [torch.randint(0, 262, (n,), generator=g).tolist() for n in prompt_lens]
+    cand_weights = torch.rand(rows, T, K, generator=g)
+    return dict(prompts=prompts, cand_ids=torch.randint(0, 262, (rows, T, K), generator=g),
+                cand_weights=cand_weights / cand_weights.sum(-1, keepdim=True),
+                lengths=torch.tensor([6, 2, 5, 3, 4])[:rows],
+                response_ids=torch.randint(0, 262, (rows, T), generator=g),
+                advantages=torch.randn(rows, generator=g),
+                old_logp=-5.5 + 0.1 * torch.randn(rows, T, generator=g),
+                ref_logp=-5.5 + 0.1 * torch.randn(rows, T, generator=g))
+
+
+def batch_loss(call, batch: dict, rows: list[int], normalizer=None):
+    """The policy loss of `rows` of the fixed batch through `call` (a ModelCall, sharded or not)."""
+    pick = {k: [v[i] for i in rows] if k == "prompts" else v[rows] for k, v in batch.items()}
+    mask = length_mask(pick["lengths"], pick["response_ids"].shape[1])
+    logp, _ = call(sequence_logprobs, pick["prompts"], pick["cand_ids"], pick["cand_weights"],
+                   pick["lengths"], pick["response_ids"])
+    return policy_loss(logp, pick["old_logp"], pick["advantages"], mask, ref_logp=pick["ref_logp"], cfg=CFG,
+                       normalizer=normalizer)
+
+
+def _building_blocks(world, out_dir: Path):
+    """Every building block once, on each rank; what the rank saw goes to out_dir/rank-R.pt."""
+    model = random_model(TINY_CONFIG, seed=0)
+    model.gradient_checkpointing = True  # FSDP blocks recomputed in the backward: the default on GPU
+    policy = distributed.shard_model(model, world)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.01)
+    batch = fixed_batch()
+    rows = distributed.deal(5, world)  # unequal shares: 3 rows (14 tokens) and 2 rows (5 tokens)
+    # The whole batch's token count, divided by the world size since FSDP averages the ranks' gradients.
+    normalizer = length_mask(batch["lengths"], 6).sum() / world.size
+    loss, metrics = batch_loss(policy, batch, rows, normalizer)
+    loss.backward()
+    grads = {n: distributed.full_tensor(p.grad).clone() for n, p in model.named_parameters()}
+    seen = {"rows": rows, "grads": grads}
+    seen["grad_norm"] = float(distributed.clip_grad_norm(list(policy.parameters()), 1.0))
+    optimizer.step()
+    seen["metrics"] = distributed.mean_across({k: float(v) for k, v in metrics.items()}, 1.0, world)
+    seen["state"] = distributed.gather_state_dict(model, world)
+    if world.is_main:
+        save_model(distributed.model_from_state(model, seen["state"]), out_dir / "hf")
+    seen["optimizer"] = distributed.optimizer_state(policy, optimizer, world)
+    sampler = distributed.unsharded_copy(model, dtype=torch.float32, device="cpu")
+    seen["sampler"] = {n: p.clone() for n, p in sampler.named_parameters()}
+    # Restoring by name: another model's weights, given on rank 0 only, reach every rank's shards.
+    other = random_model(TINY_CONFIG, seed=1).state_dict() if world.is_main else None
+    distributed.load_state_dict(model, other, world)
+    seen["restored"] = distributed.gather_state_dict(model, world)
+    distributed.copy_weights(model, sampler)
+    seen["sampler_refreshed"] = {n: p.clone() for n, p in sampler.named_parameters()}
+    r = world.rank
+    seen["sums"] = distributed.sum_across({"tokens": 10.0 * (r + 1)}, world)
+    seen["maxima"] = distributed.max_across({"len": [7.0, 3.0][r]}, world)
+    seen["means"] = distributed.mean_across({"reward": [0.5, 1.0][r]}, [30.0, 10.0][r], world)
+    local = [(i, torch.full((2,), float(i))) for i in distributed.deal(5, world)]
+    seen["gathered"] = distributed.gather_dealt(local, 5, world)
+    table = torch.arange(6).view(3, 2) if world.is_main else None
+    seen["broadcast"] = distributed.broadcast_object(table, world)
+    torch.save(seen, out_dir / f"rank-{world.rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    out_dir = tmp_path_factory.mktemp("two_ranks")
+    run_ranks(_building_blocks, 2, out_dir)
+    return [torch.load(out_dir / f"rank-{r}.pt", weights_only=False) | {"dir": out_dir} for r in range(2)]
+
+
+def one_process_steps(steps: int):
+    """The reference: `steps` AdamW steps on the fixed batch in one process, unsharded, the whole batch at
+    once.
+    Returns (model, call, optimizer, gradients and clipped norm of the last step, its metrics)."""
+    model = random_model(TINY_CONFIG, seed=0)
+    call = distributed.ModelCall(model)
+    optimizer = torch.optim.AdamW(call.parameters(), lr=LR, weight_decay=0.01)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss, metrics = batch_loss(call, fixed_batch(), list(range(5)))
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(call.parameters(), 1.0))
+        optimizer.step()
+    return model, call, optimizer, (grads, grad_norm), {k: float(v) for k, v in metrics.items()}
+
+
+@pytest.fixture(scope="module")
+def one_process() -> dict:
+    model, call, optimizer, (grads, grad_norm), metrics = one_process_steps(1)
+    return dict(grads=grads, grad_norm=grad_norm, metrics=metrics, call=call, optimizer=optimizer,
+                state={n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).detach().abs().max()) for k in a)
+
+
+def test_without_torchrun_the_world_is_one_process(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    world = distributed.init_world(device="cpu")
+    assert (world.rank, world.size, world.distributed, world.is_main) == (0, 1, False, True)
+    model = random_model(TINY_CONFIG)
+    assert distributed.shard_model(model, world).model is model  # not sharded: the same parameters
+    assert distributed.deal(3, world) == [0, 1, 2]
+    assert distributed.mean_across({"x": 2.0}, 5.0, world) == {"x": 2.0}
+
+
+def test_two_process_gradient_equals_one_process_gradient(two_ranks, one_process):
+    assert [seen["rows"] for seen in two_ranks] == [[0, 2, 4], [1, 3]]
+    for seen in two_ranks:
+        assert max_diff(seen["grads"], one_process["grads"]) < 1e-5
+        assert seen["grad_norm"] == pytest.approx(one_process["grad_norm"], abs=1e-5)
+
+
+def test_two_process_metrics_equal_one_process_metrics(two_ranks, one_process):
+    for seen in two_ranks:
+        assert seen["metrics"].keys() == one_process["metrics"].keys()
+        for key, value in one_process["metrics"].items():
+            assert seen["metrics"][key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_weights_after_a_sharded_adamw_step_equal_one_process(two_ranks, one_process):
+    assert two_ranks[1]["state"] is None  # gathered on rank 0 only
+    state = two_ranks[0]["state"]
+    assert max_diff(state, one_process["state"]) < 1e-5
+    assert max_diff(state, {n: p for n, p in random_model(TINY_CONFIG, seed=0).named_parameters()}) > 1e-3
+
+
+def test_checkpoint_of_gathered_weights_loads_in_transformers_with_our_logits(two_ranks, one_process):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(two_ranks[0]["dir"] / "hf", dtype=torch.float32)
+    ours = random_model(TINY_CONFIG, seed=0)
+    ours.load_state_dict(one_process["state"])  # the one-process weights after the same step
+    ids = torch.tensor([[5, 80, 17, 200, 3, 9]])
+    with torch.no_grad():
+        assert float((hf(ids).logits - ours(ids)).abs().max()) < 1e-4
+
+
+def test_sampler_copy_holds_the_gathered_weights_and_refreshes(two_ranks, one_process):
+    restored = {n: p.detach() for n, p in random_model(TINY_CONFIG, seed=1).named_parameters()}
+    for seen in two_ranks:
+        assert max_diff(seen["sampler"], one_process["state"]) < 1e-5
+        assert max_diff(seen["sampler_refreshed"], restored) == 0.0
+
+
+def test_state_given_on_rank_0_restores_every_shard_by_name(two_ranks):
+    expected = {n: p.detach() for n, p in random_model(TINY_CONFIG, seed=1).named_parameters()}
+    assert max_diff(two_ranks[0]["restored"], expected) == 0.0
+
+
+def test_optimizer_state_written_by_two_processes_resumes_in_one(two_ranks, one_process):
+    """One step under 2 processes, then a second step in one process from the gathered weights and AdamW
+    state, equals two steps in one process."""
+    saved = two_ranks[0]["optimizer"]
+    assert two_ranks[1]["optimizer"] is None
+    one = distributed.World()
+    reference = distributed.optimizer_state(one_process["call"], one_process["optimizer"], one)
+    assert saved["state"].keys() == reference["state"].keys()
+    for name, moments in reference["state"].items():
+        assert max_diff({k: v for k, v in saved["state"][name].items() if k != "step"},
+                        {k: v for k, v in moments.items() if k != "step"}) < 1e-6, name
+    model = random_model(TINY_CONFIG, seed=0)
+    distributed.load_state_dict(model, two_ranks[0]["state"], distributed.World())
+    call = distributed.ModelCall(model)
+    optimizer = torch.optim.AdamW(call.parameters(), lr=LR, weight_decay=0.01)
+    distributed.load_optimizer_state(call, optimizer, saved, distributed.World())
+    batch_loss(call, fixed_batch(), list(range(5)))[0].backward()
+    optimizer.step()
+    straight = one_process_steps(2)[0]
+    assert max_diff(dict(model.named_parameters()), dict(straight.named_parameters())) < 1e-5
+
+
+def test_metric_reductions_are_sums_maxima_and_count_weighted_means(two_ranks):
+    for seen in two_ranks:
+        assert seen["sums"] == {"tokens": 30.0}
+        assert seen["maxima"] == {"len": 7.0}
+        assert seen["means"]["reward"] == pytest.approx((0.5 * 30 + 1.0 * 10) / 40)
+
+
+def test_dealt_work_is_gathered_in_item_order_on_every_rank(two_ranks):
+    for seen in two_ranks:
+        assert [i for i, _ in seen["gathered"]] == [0, 1, 2, 3, 4]
+        assert all(torch.equal(t, torch.full((2,), float(i))) for i, t in seen["gathered"])
+
+
+def test_rank_0_object_is_broadcast(two_ranks):
+    assert all(torch.equal(seen["broadcast"], torch.arange(6).view(3, 2)) for seen in two_ranks)
+
+
+@pytest.mark.parametrize("num_items, batch_size, size, calls", [(5, 2, 2, 2), (7, 3, 3, 1), (2, 4, 4, 1),
+                                                               (8, 3, 1, 3)])
+def test_dealt_batches_cover_every_item_once_with_equal_call_counts(num_items, batch_size, size, calls):
+    shares = [distributed.dealt_batches(num_items, batch_size, distributed.World(rank=r, size=size))
+              for r in range(size)]
+    real = sorted(i for share in shares for items, is_real in share if is_real for i in items)
+    assert real == list(range(num_items))
+    assert [len(share) for share in shares] == [calls] * size  # the same number of calls on every rank
+    assert all(len(items) <= batch_size for share in shares for items, _ in share)
+
+
+def test_work_seed_depends_on_the_work_only():
+    assert distributed.work_seed(0, 3, 1) == distributed.work_seed(0, 3, 1)
+    seeds = {distributed.work_seed(0, 3, 1), distributed.work_seed(0, 1, 3), distributed.work_seed(1, 3, 1),
+             distributed.work_seed(0, 31)}
+    assert len(seeds) == 4
+    a, b = distributed.work_generator(0, 2, 5), distributed.work_generator(0, 2, 5)
+    assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+WORKER = """
+import sys, time
+import distributed
+world = distributed.init_world(device="cpu", timeout_s=float(sys.argv[1]))
+if world.rank == 1:
+    if sys.argv[2] == "raise":
+        raise ValueError("rank 1 could not read its shard")
+    time.sleep(120)  # alive but never reaching the collective
+distributed.barrier(world)
+"""
+
+
+def torchrun(tmp_path, *args) -> tuple[subprocess.CompletedProcess, float]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = subprocess.run([*launch, str(script), *args], env=env, capture_output=True, text=True, timeout=100)
+    return done, time.perf_counter() - start
+
+
+def test_a_failing_rank_stops_the_job_with_its_message(tmp_path):
+    done, _ = torchrun(tmp_path, "600", "raise")  # rank 0 waits in a barrier rank 1 never reaches
+    assert done.returncode != 0
+    assert "ValueError: rank 1 could not read its shard" in done.stderr
+
+
+def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
+    done, seconds = torchrun(tmp_path, "3", "hang")
+    assert done.returncode != 0
+    assert "Timed out" in done.stderr
+    assert seconds < 60  # the hung rank sleeps 120 s: the timeout, not the sleep, ended the job
+
+
+def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
+    benchmark = tmp_path / "toy.jsonl"
+    problems = [{"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(7)]
+    benchmark.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    flags = ["--model", "tiny", "--benchmarks", str(benchmark), "--n", "4", "--max-new-tokens", "12",
+             "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]
+    run = lambda *command: subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                          capture_output=True, text=True, timeout=120)
+    one = run(sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    # `--` ends torchrun's options: without it torchrun reads eval.py's --n as an abbreviation of its own.
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
+    two = run(*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr
+    for name in ("results.json", "samples.jsonl"):
+        assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text()
+    assert two.stdout.count("toy") == 1  # the table printed by rank 0 only
+
+
+# ----------------------------------------------------------------------------- train.py under torchrun
+
+# A tiny run (8 prompts x 4 responses per step, 12-token responses, 3 rollout calls of 12, 8, 12 rows, uneven
+# micro-batches of 3 rows, KL on) with a stand-in reward that gives the update a signal (an odd-length
+# response scores 1). It records each step's responses in rollouts.jsonl.
+TRAIN = """
+import json, sys
+from dataclasses import replace
+sys.path.insert(0, sys.argv[1])
+import train
+from config import preset
+from reward import RewardPool
+RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
+out, explore, steps, resume = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "resume"
+collect = train.collect_groups
+def recorded(r, step):
+    groups = collect(r, step)
+    if r.world.is_main:
+        with open(out + "/rollouts.jsonl", "a") as f:
+            f.write(json.dumps({"step": step + 1, "responses": groups.rollout.responses()}) + "\\n")
+    return groups
+train.collect_groups = recorded
+train.run(replace(preset("tiny"), out_dir=out, explore=explore, max_steps=steps, resume=resume, save_every=2,
+                  prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=3, max_new_tokens=12,
+                  rollout_batch_size=12, kl_coef=0.05, mix_rate=0.3))
+"""
+TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
+
+
+def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False):
+    """train.py's run under `torchrun --nproc-per-node processes`; returns the finished process."""
+    script = out.parent / f"{out.name}-train.py"
+    script.write_text(TRAIN)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    done = subprocess.run([*launch, str(script), str(ROOT), str(out), explore, str(steps),
+                           "resume" if resume else "fresh"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def outputs(out: Path, step: int) -> dict:
+    """What a run wrote: the recorded responses and metrics per step, and the weights of checkpoint `step`."""
+    from model import load_model
+
+    lines = lambda name: [json.loads(line) for line in (out / name).read_text().splitlines()]
+    return dict(rollouts=lines("rollouts.jsonl"),
+                metrics=[{k: v for k, v in m.items() if k not in TIMING} for m in lines("metrics.jsonl")],
+                weights=load_model(str(out / "checkpoints" / f"step-{step}"), dtype=torch.float32,
+                                   device="cpu").state_dict())
+
+
+def assert_same_run(got: dict, expected: dict, steps: int):
+    assert [r["responses"] for r in got["rollouts"][:steps]] == \
+        [r["responses"] for r in expected["rollouts"][:steps]]  # token for token
+    for mine, theirs in zip(got["metrics"][:steps], expected["metrics"][:steps], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (mine["step"], key)
+    assert max_diff(got["weights"], expected["weights"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def neighbor_runs(tmp_path_factory) -> Path:
+    """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and 1 process, 2 steps."""
+    root = tmp_path_factory.mktemp("neighbor")
+    train_run(root / "two", 2, "neighbor", 4)
+    train_run(root / "one", 1, "neighbor", 2)
+    return root
+
+
+def test_two_processes_train_like_one_with_neighbor_mixing(neighbor_runs):
+    one = outputs(neighbor_runs / "one", 2)
+    assert sum(m["mix_rate"] for m in one["metrics"]) > 0 and one["metrics"][-1]["grad_norm"] > 0
+    assert_same_run(outputs(neighbor_runs / "two", 2), one, steps=2)
+
+
+def test_two_processes_train_like_one_without_exploration(tmp_path):
+    train_run(tmp_path / "one", 1, "none", 2)
+    train_run(tmp_path / "two", 2, "none", 2)
+    assert_same_run(outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2), steps=2)
+
+
+def resumed_copy(neighbor_runs: Path, name: str) -> Path:
+    """The 2-process run as it was after step 2: its step-4 checkpoint and later records removed."""
+    out = neighbor_runs / name
+    shutil.copytree(neighbor_runs / "two", out)
+    shutil.rmtree(out / "checkpoints" / "step-4")
+    (out / "rollouts.jsonl").write_text("".join(line + "\n" for line in
+                                                (out / "rollouts.jsonl").read_text().splitlines()[:2]))
+    return out
+
+
+def test_resume_under_two_processes_equals_the_straight_run(neighbor_runs):
+    out = resumed_copy(neighbor_runs, "resumed")
+    train_run(out, 2, "neighbor", 4, resume=True)
+    assert_same_run(outputs(out, 4), outputs(neighbor_runs / "two", 4), steps=4)
+
+
+def test_resume_with_another_number_of_processes_completes_and_says_so(neighbor_runs):
+    out = resumed_copy(neighbor_runs, "resumed-by-one")
+    done = train_run(out, 1, "neighbor", 4, resume=True)
+    assert "written by 2 process(es), this run has 1" in done.stderr
+    # Rollout calls are keyed by (seed, step, draw, call): the same work, in another reduction order.
+    assert_same_run(outputs(out, 4), outputs(neighbor_runs / "two", 4), steps=4)
+
+
+def test_checkpoint_written_by_two_processes_loads_in_transformers(neighbor_runs):
+    transformers = pytest.importorskip("transformers")
+    from model import load_model
+
+    path = neighbor_runs / "two" / "checkpoints" / "step-4"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ours = load_model(str(path), dtype=torch.float32, device="cpu")
+    ids = torch.tensor([[5, 80, 17, 200, 3, 9]])
+    with torch.no_grad():
+        assert float((hf(ids).logits - ours(ids)).abs().max()) < 1e-4
