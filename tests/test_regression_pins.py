@@ -47,7 +47,7 @@ if mutation == "adv-eps":
     overrides["adv_eps"] = 1e-4  # the default is 1e-6
 elif mutation == "normalizer+1":
     real = ngrpo.loss_normalizer
-    ngrpo.loss_normalizer = lambda mask, loss_agg: real(mask, loss_agg) + 1
+    ngrpo.loss_normalizer = lambda *args: real(*args) + 1
 out = tempfile.mkdtemp()
 cfg = replace(preset("tiny"), out_dir=out, prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=8,
               max_new_tokens=16, max_steps=2, **overrides)
