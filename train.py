@@ -451,7 +451,7 @@ def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_t
     return distributed.sum_across({"correct": correct}, world)["correct"] / len(problems)
 
 
-def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dict:
+def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool, *, dev_model=None) -> dict:
     """Teacher forcing on worked solutions (`solution` ends in \\boxed{answer}) so that a random model can
     answer at all: cross-entropy on the response tokens, AdamW, at most sft_steps steps. `model` is a
     Transformer or a distributed.ModelCall; under torchrun every rank takes the same batches (a demo-sized warm
@@ -461,7 +461,8 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dic
     its batches) has reached the target at two checks in a row, checked every sft_eval_every steps (one check
     on 100 problems can pass on a lucky draw: std ~0.05). A fixed step count hands RL whatever competence the
     CPU's fp32 rounding made of the trajectory; a target hands it the same skill every time. Returns
-    {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}."""
+    {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}. dev_model() gives
+    the plain Transformer the dev checks decode with (default: `model` itself)."""
     usable = [p for p in problems if p.get("solution")]
     dev = usable[-cfg.sft_dev_problems :] if cfg.sft_target_accuracy > 0 else []
     usable = usable[: len(usable) - len(dev)]
@@ -494,7 +495,8 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool) -> dic
         bar.update()
         if dev and steps % cfg.sft_eval_every == 0:
             model.eval()
-            dev_accuracy = held_out_accuracy(model, dev, tokenizer, pool, max_new_tokens=cfg.max_new_tokens)
+            checked = dev_model() if dev_model is not None else model
+            dev_accuracy = held_out_accuracy(checked, dev, tokenizer, pool, max_new_tokens=cfg.max_new_tokens)
             bar.set_postfix(dev_accuracy=f"{dev_accuracy:.3f}")
             checks_passed = checks_passed + 1 if dev_accuracy >= cfg.sft_target_accuracy else 0
             if checks_passed == 2:
@@ -638,7 +640,11 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
 def start_fresh(r: Run) -> int:
     """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
     if r.cfg.sft_steps > 0:
-        r.summary.update(warm_start(r.trainer, r.problems, r.tokenizer, r.cfg, r.device, r.pool))
+        # The dev checks decode with the policy itself, or under torchrun with an unsharded copy of it.
+        dev_model = (lambda: r.policy) if not r.world.distributed else \
+            (lambda: distributed.unsharded_copy(r.policy, dtype=torch.float32, device=r.device))
+        r.summary.update(warm_start(r.trainer, r.problems, r.tokenizer, r.cfg, r.device, r.pool,
+                                    dev_model=dev_model))
         save_weights(r, r.out_dir / "warm_start")  # the KL term's reference, also on resume
     prepare_sampling(r, saved_table=None)
     return 0

@@ -94,14 +94,7 @@ def test_replaying_the_recorded_mixtures_reproduces_every_step(models, explorati
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration,
                        neighbor_table=ring_table(V, 2), seed=1)
     assert rollout.mixed.any()
-    for row in range(len(PROMPTS)):
-        n = int(rollout.lengths[row])
-        replayed = replay_logits(hf, rollout, row)  # [n, V]
-        logp = (replayed / 0.8).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
-        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
-        # A mixed step's first candidate is the argmax of the distribution the replay gives.
-        mixed = rollout.mixed[row, :n]
-        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
+    assert_replay_reproduces(hf, rollout, temperature=0.8)
 
 
 @torch.no_grad()
@@ -132,6 +125,18 @@ def test_mixing_candidates_match_a_hand_computation(temperature, weights):
     assert ids.tolist() == [cand]
     assert torch.allclose(w, torch.tensor([expected]), atol=1e-6)
     assert abs(float(w.sum()) - 1.0) < 1e-6
+
+
+def assert_replay_reproduces(hf, rollout, *, temperature: float) -> None:
+    """Every row's recorded log-probs equal transformers' replay of its recorded inputs (< 1e-4), and a
+    mixed step's first candidate is the argmax of the distribution the replay gives."""
+    for row in range(len(rollout.prompts)):
+        n = int(rollout.lengths[row])
+        replayed = replay_logits(hf, rollout, row)  # [n, V]
+        logp = (replayed / temperature).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
+        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
+        mixed = rollout.mixed[row, :n]
+        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
 
 
 def test_code_weights_give_neighbors_a_large_share():
@@ -346,10 +351,4 @@ def test_replaying_refilled_rows_reproduces_every_step(models, exploration):
     rollout = generate(ours, MORE_PROMPTS, Sampling(temperature=0.8, max_new_tokens=16, stop_ids=STOPS),
                        exploration, neighbor_table=ring_table(V, 2), seed=5, slots=2)
     assert rollout.mixed.any() and len(set(rollout.lengths.tolist())) >= 3
-    for row in range(len(MORE_PROMPTS)):
-        n = int(rollout.lengths[row])
-        replayed = replay_logits(hf, rollout, row)  # [n, V]
-        logp = (replayed / 0.8).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
-        assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
-        mixed = rollout.mixed[row, :n]
-        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
+    assert_replay_reproduces(hf, rollout, temperature=0.8)
