@@ -86,7 +86,7 @@ def test_token_mean_per_rows_does_not_depend_on_the_micro_batch_size():
     model = random_model(TINY_CONFIG, seed=3)
     prompts = [[5, 9, 2], [7, 1, 4, 4], [11], [3, 3, 9, 20], [100, 101]]
     rollout = generate(model, prompts, Sampling(max_new_tokens=12, stop_ids=tuple(range(0, 262, 9))), Exploration(),
-                       generator=torch.Generator().manual_seed(4))
+                       seed=4)
     assert len(set(rollout.lengths.tolist())) > 2
     old_logp = rollout.logprobs + 0.3 * torch.randn(rollout.logprobs.shape, generator=torch.Generator().manual_seed(5))
     episodes = ngrpo.Episodes(rollout, torch.tensor([1.0, -0.5, 0.3, -1.2, 0.4]), old_logp)
