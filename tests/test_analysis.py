@@ -26,7 +26,8 @@ def boxed(answer: str) -> str:
 def test_equivalent_answers_count_once_through_the_checker():
     texts = [boxed("\\frac{1}{2}"), boxed("0.5"), boxed("1/2"), boxed("3"),  # 2 classes: 1/2 and 3
              boxed("7"), boxed("7"), "no answer here", "nor here",  # 1 class, two unanswered
-             "x", "y", "z", "w"]  # no answers at all: 0 classes
+             "I am not sure yet.", "Let me think about it more.", "Hmm, that is hard to say.",
+             "Not sure."]  # no answers at all: 0 classes (a lone formula such as "x" would be one)
     with RewardPool(num_workers=1) as pool:
         metrics = A.group_diversity(texts, [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0], 4, same=pool)
     assert metrics["div/distinct_answers"] == pytest.approx((2 + 1 + 0) / 3)
