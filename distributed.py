@@ -19,7 +19,6 @@ is then the identity or a no-op, and the model is not sharded.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -316,15 +315,3 @@ def broadcast_object(obj, world: World):
     box = [obj if world.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def work_seed(seed: int, *key) -> int:
-    """A 63-bit seed for one piece of work, e.g. (seed, step, chunk index) or (seed, problem, sample index):
-    the same work draws the same numbers whichever rank, and however many ranks, run it."""
-    digest = hashlib.sha256(":".join(str(part) for part in (seed, *key)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-def work_generator(seed: int, *key, device="cpu") -> torch.Generator:
-    """A torch.Generator seeded by `work_seed(seed, *key)` on `device`."""
-    return torch.Generator(device).manual_seed(work_seed(seed, *key))

@@ -256,15 +256,6 @@ def test_dealt_batches_cover_every_item_once_with_equal_call_counts(num_items, b
     assert all(len(items) <= batch_size for share in shares for items, _ in share)
 
 
-def test_work_seed_depends_on_the_work_only():
-    assert distributed.work_seed(0, 3, 1) == distributed.work_seed(0, 3, 1)
-    seeds = {distributed.work_seed(0, 3, 1), distributed.work_seed(0, 1, 3), distributed.work_seed(1, 3, 1),
-             distributed.work_seed(0, 31)}
-    assert len(seeds) == 4
-    a, b = distributed.work_generator(0, 2, 5), distributed.work_generator(0, 2, 5)
-    assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
-
-
 WORKER = """
 import sys, time
 import distributed
