@@ -309,7 +309,9 @@ def main(argv=None) -> dict:
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:
-        return run(args, cfg, world)
+        results = run(args, cfg, world)
+        distributed.barrier(world)  # every rank done with its collectives before the group is torn down
+        return results
     finally:
         distributed.close_world(world)
 

@@ -111,7 +111,9 @@ def run(cfg: Config) -> dict:
     except ValueError as error:
         raise RunError(str(error)) from None
     try:
-        return run_steps(cfg, world)
+        summary = run_steps(cfg, world)
+        distributed.barrier(world)  # every rank done with its collectives before the group is torn down
+        return summary
     finally:
         distributed.close_world(world)
 
