@@ -122,7 +122,12 @@ class Config:
     overlong_penalty_factor: float = option(1.0, "the overlong penalty at n = max_new_tokens is -factor")
 
     # --- optimizer
-    lr: float = option(5e-7, "AdamW learning rate (constant)")
+    lr: float = option(5e-7, "AdamW learning rate (the peak one with --lr-schedule cosine)")
+    lr_schedule: str = option("constant", "learning rate over the steps: constant (the released runs), or cosine: "
+                              "linear warm-up over --warmup-steps, then a cosine decay to --min-lr-ratio x lr "
+                              "at the last step", choices=("constant", "cosine"))
+    warmup_steps: int = option(0, "with --lr-schedule cosine: steps of linear warm-up from lr / warmup_steps")
+    min_lr_ratio: float = option(0.0, "with --lr-schedule cosine: the learning rate at the last step, over lr")
     weight_decay: float = option(0.01, "AdamW weight decay")
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
     grad_checkpointing: bool = option(True, "recompute each block's activations in the backward pass: what makes "
@@ -209,6 +214,8 @@ class Config:
             (self.clip_low >= 0 and self.clip_high >= 0, "clip_low and clip_high must be >= 0"),
             (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip must be 0 (off) or > 1"),
             (self.kl_coef >= 0 and self.lr > 0, "kl_coef must be >= 0 and lr > 0"),
+            (self.warmup_steps >= 0 and 0.0 <= self.min_lr_ratio <= 1.0, "warmup_steps must be >= 0 and "
+             "min_lr_ratio in [0, 1]"),
             (self.old_logp == "replay" or (self.top_p == 1.0 and self.top_k == 0),
              "old_logp=rollout needs top_p=1 and top_k=0: with filtering the sampler's log-probs are of the "
              "filtered distribution and the replayed ones are not"),

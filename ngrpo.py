@@ -12,6 +12,7 @@ mini-batch (or a mean over its sequences, --loss-agg): each micro-batch divides 
 """
 
 import contextlib
+import math
 import sys
 from dataclasses import dataclass
 
@@ -402,6 +403,19 @@ def optimize(policy, optimizer, episodes: Episodes, cfg, world: World = World())
         for key, value in result.items():
             update.setdefault(key, []).append(value)
     return update, skipped
+
+
+def scheduled_lr(cfg, step: int, total_steps: int) -> float:
+    """The learning rate of update `step` (0-based) of `total_steps`: --lr throughout, or with --lr-schedule
+    cosine a linear warm-up to --lr over --warmup-steps and then half a cosine down to --min-lr-ratio x lr at
+    the last step. A function of the step alone, so a resumed run continues the same curve."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(total_steps - 1 - cfg.warmup_steps, 1)  # 0 -> 1
+    floor = cfg.min_lr_ratio * cfg.lr
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg,

@@ -32,7 +32,7 @@ from data import (DataError, PromptBatcher, describe_load_error, load_problems, 
                   tokenize_problems)
 from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
 from neighbors import table_for
-from ngrpo import autocast, keep_groups, mixed_embeddings, overlong_penalty, token_logprobs, update
+from ngrpo import autocast, keep_groups, mixed_embeddings, overlong_penalty, scheduled_lr, token_logprobs, update
 from reward import RewardPool, extract_answer
 from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate
 from tracking import Tracker
@@ -147,6 +147,8 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
                 r.table = shared_table(r)
             groups = collect_groups(r, step)
             update_start = time.perf_counter()
+            for group in r.optimizer.param_groups:
+                group["lr"] = scheduled_lr(cfg, step, max_steps)
             result, skipped, logp_gap = ({}, 0, torch.zeros(0)) if not len(groups.trained.prompts) else \
                 update(r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg,
                        world)
@@ -269,7 +271,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "response_len_mean": float(rollout.lengths.float().mean()), "response_len_max": int(rollout.lengths.max()),
         "truncated_frac": float((~rollout.finished).float().mean()),
         **result,
-        "lr": cfg.lr, "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
+        "lr": r.optimizer.param_groups[0]["lr"], "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
         "mix_distance": mixing_distance(r.sampler.embed_tokens.weight, rollout),
         "logp_gap_mean": float(logp_gap.mean()) if logp_gap.numel() else 0.0,
         "logp_gap_max": float(logp_gap.max()) if logp_gap.numel() else 0.0,
@@ -793,7 +795,9 @@ def main(argv=None) -> dict:
         return run(cfg)
     except KeyboardInterrupt as interrupt:
         args = " ".join(argv if argv is not None else sys.argv[1:])
-        resume = f"python train.py {args}{'' if '--resume' in args else ' --resume'}"
+        launcher = "python" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else \
+            f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', os.environ['WORLD_SIZE'])}"
+        resume = f"{launcher} train.py {args}{'' if '--resume' in args else ' --resume'}"
         if interrupt.args:
             print(f"interrupted: checkpoint of step {interrupt.args[0]} written; continue with: {resume}",
                   file=sys.stderr)

@@ -382,3 +382,20 @@ def test_minibatch_loss_is_the_token_mean_over_all_its_response_tokens(tiny):
                                            cfg(kl_coef=0.0, micro_batch_size=micro_batch_size))
         assert metrics["loss"] == pytest.approx(expected, abs=1e-4)
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_cosine_schedule_against_hand_values():
+    """--lr-schedule cosine with lr 1, 2 warm-up steps, floor 0.1, 10 steps: 1/2, 2/2, then
+    0.1 + 0.9 * (1 + cos(pi * k / 7)) / 2 for k = 0..7 (computed here from the formula, by hand)."""
+    cfg = Config(lr=1.0, lr_schedule="cosine", warmup_steps=2, min_lr_ratio=0.1)
+    expected = [0.5, 1.0] + [0.1 + 0.9 * (1 + math.cos(math.pi * k / 7)) / 2 for k in range(8)]
+    assert [ngrpo.scheduled_lr(cfg, step, 10) for step in range(10)] == pytest.approx(expected, abs=1e-12)
+    assert ngrpo.scheduled_lr(cfg, 9, 10) == pytest.approx(0.1)  # the last step sits on the floor
+    assert [ngrpo.scheduled_lr(Config(lr=3e-4), step, 10) for step in range(10)] == [3e-4] * 10
+
+
+def test_bad_schedule_settings_are_one_message():
+    with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine"):
+        Config(lr_schedule="linear")
+    with pytest.raises(ValueError, match="min_lr_ratio in"):
+        Config(min_lr_ratio=1.5)
