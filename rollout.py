@@ -560,7 +560,8 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     batch-mate, slot or order. row_keys: distinct ints, default 0..len-1 (callers pass e.g. a row's index
     among a training step's rows, or eval.sample_key(problem, sample)). The model runs in its own dtype
     (autocast is off; on GPU pass a bf16 model). cuda_graph: replay the decode step from CUDA graphs
-    (DecodeStep); None = whenever the model is on a CUDA device. progress: a tqdm bar on stderr for rollouts over 2 s."""
+    (DecodeStep); None = whenever the model is on a CUDA device. progress: a tqdm bar on stderr for
+    rollouts over 2 s."""
     N = len(prompts)
     keys = _check_arguments(model, prompts, exploration, neighbor_table, cuda_graph, row_keys, slots)
     device = model.embed_tokens.weight.device
