@@ -578,21 +578,79 @@ def bench_rollout(args: argparse.Namespace) -> None:
 
 
 def long_tail_model(args, device):
-    """A random model at a shape where attention matters on a CPU (hidden 256, 2 layers) whose stop id 0
-    has logit 0 among `vocab` near-uniform ones (logit std ~0.3): a stop hazard of ~1 / (1.05 vocab) per
-    step, i.e. truncated geometric response lengths, a long tail (vocab 896, max 2048: mean ~40% of
-    max_new_tokens, ~11% at the limit)."""
-    import torch
-
+    """A random model at a shape where attention matters on a CPU: hidden 256, 2 layers, 4 query / 2 KV
+    heads, `args.vocab` tokens."""
     from model import ModelConfig, random_model
 
     config = ModelConfig(family="qwen2", vocab_size=args.vocab, hidden_size=256, intermediate_size=768,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, qkv_bias=True,
                          max_position_embeddings=8192)
-    model = random_model(config, dtype=torch_dtype(device), device=device, seed=0).eval()
-    with torch.no_grad():
-        model.lm_head.weight[0] = 0.0
-    return model
+    return random_model(config, dtype=torch_dtype(device), device=device, seed=0).eval()
+
+
+# The long-tail workload's response lengths, as fractions of max_new_tokens: a log-normal L / max with
+# mean LONG_TAIL_MEAN after lengths past the limit are cut to it, where LONG_TAIL_AT_LIMIT of the rows end.
+LONG_TAIL_MEAN, LONG_TAIL_AT_LIMIT = 0.4, 0.1
+
+
+def lognormal_for(mean: float, at_limit: float) -> tuple[float, float]:
+    """(mu, sigma) of log X ~ N(mu, sigma^2) with P(X >= 1) = at_limit and E[min(X, 1)] = mean.
+
+    P(X >= 1) = at_limit fixes mu = -z sigma (z: the standard normal's 1 - at_limit quantile), and
+    E[min(X, 1)] = exp(mu + sigma^2 / 2) Phi(-(mu + sigma^2) / sigma) + at_limit falls as sigma grows, so
+    sigma is found by bisection. For (0.4, 0.1): sigma = 0.924, median exp(mu) = 0.306."""
+    normal = statistics.NormalDist()
+    z = normal.inv_cdf(1 - at_limit)
+
+    def capped_mean(sigma: float) -> float:
+        mu = -z * sigma
+        return math.exp(mu + sigma**2 / 2) * normal.cdf(-(mu + sigma**2) / sigma) + at_limit
+
+    if not at_limit < mean < capped_mean(1e-6):
+        raise ValueError(f"no log-normal has mean {mean} below the limit with {at_limit} of it at the limit")
+    low, high = 1e-6, 20.0
+    for _ in range(100):
+        sigma = (low + high) / 2
+        low, high = (sigma, high) if capped_mean(sigma) > mean else (low, sigma)
+    return -z * sigma, sigma
+
+
+def long_tail_lengths(rows: int, max_new_tokens: int, seed: int) -> list[int]:
+    """Response lengths in 1..max_new_tokens from the log-normal of lognormal_for(LONG_TAIL_MEAN,
+    LONG_TAIL_AT_LIMIT), drawn by stratified quantiles: row i gets the quantile (k_i + u_i) / rows, k a
+    seeded permutation and u_i uniform, so that even 32 rows have the distribution's shape (3-4 of them
+    at the limit, not anywhere from 0 to 8) in a seeded random order."""
+    rng = random.Random(f"long-tail lengths {seed}")  # not the stream the bench draws its prompts from
+    mu, sigma = lognormal_for(LONG_TAIL_MEAN, LONG_TAIL_AT_LIMIT)
+    normal = statistics.NormalDist(mu, sigma)
+    strata = rng.sample(range(rows), rows)
+    return [min(max_new_tokens, max(1, math.ceil(max_new_tokens * math.exp(normal.inv_cdf((k + rng.random())
+                                                                                             / rows)))))
+            for k in strata]
+
+
+def forced_lengths_sampler(lengths: list[int], max_new_tokens: int, stop_id: int, device):
+    """A rollout.Sampler.__call__ under which row i samples stop_id at response position lengths[i] - 1
+    and never before (never at all when lengths[i] = max_new_tokens: the row is truncated at the limit).
+    A random model's own stop decisions cannot follow a chosen distribution; this makes every row's length
+    the drawn one in every engine, and leaves the rest of the step (forward, sampling, record) as it is."""
+    import torch
+
+    from rollout import Sampler
+
+    sample = Sampler.__call__
+    # [N + 1]: each row's stop position; the last entry is for empty slots (row N), which are never live.
+    stop_at = torch.tensor([n - 1 if n < max_new_tokens else max_new_tokens for n in lengths]
+                           + [max_new_tokens], device=device)
+
+    def forced(sampler, logits, state, record):
+        at_stop = state.length == stop_at[state.row]  # [S]
+        is_stop = torch.arange(logits.shape[1], device=logits.device) == stop_id  # [V]
+        stop_logit = torch.where(at_stop, 0.0, float("-inf"))[:, None]  # [S, 1]
+        others = torch.where(at_stop[:, None], float("-inf"), logits)  # [S, V]
+        return sample(sampler, torch.where(is_stop, stop_logit, others), state, record)
+
+    return forced
 
 
 def torch_dtype(device):
@@ -607,38 +665,41 @@ def run_rollout_bench(args: argparse.Namespace) -> None:
     elif args.memory:
         bench_rollout_memory(args)
     elif args.long_tail:
+        args.repeats = args.repeats or 1  # a run of the three engines at 2,048 tokens takes minutes on a CPU
         bench_rollout_long_tail(args)
+        bench_decode_step(args)
         bench_draw_cost(args)
     else:
+        args.repeats = args.repeats or 15
         bench_rollout(args)
 
 
 def bench_rollout_long_tail(args: argparse.Namespace) -> None:
-    """Rows with long-tailed lengths, more rows than slots: continuous refill vs static batches (the same
-    engine with refill=False) vs static batches attending over the whole cache (today's engine before
-    refill). Per-row randomness makes all three produce the same rows, which is checked. Then the time of
-    one decode step against the attention window."""
+    """Rows with long-tailed lengths (long_tail_lengths), more rows than slots: continuous refill vs static
+    batches (the same engine with refill=False) vs static batches attending over the whole cache (the
+    engine before refill), one after another in one process. Per-row randomness makes all three produce
+    the same rows, which is checked."""
+    from unittest import mock
+
     import torch
 
     import rollout
-    from rollout import DecodeStep, Sampling, generate
+    from rollout import DecodeStep, Sampler, Sampling, generate
 
     device = torch.device(args.device)
     model = long_tail_model(args, device)
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     prompts = [[rng.randrange(1, args.vocab) for _ in range(rng.randint(16, args.prompt_len))]
                for _ in range(args.rows)]
+    drawn = long_tail_lengths(args.rows, args.new_tokens, args.seed)
     sampling = Sampling(max_new_tokens=args.new_tokens, stop_ids=(0,))
+    forced = forced_lengths_sampler(drawn, args.new_tokens, 0, device)
     configs = {"refill": dict(refill=True), "static": dict(refill=False),
                "static_full_cache": dict(refill=False)}
-    min_window = rollout.MIN_WINDOW
-
     counts = {name: [0, 0] for name in configs}  # decode steps, KV slots read (sum of slots x window)
     decode_step = DecodeStep.__call__
 
     def run(name):
-        # static_full_cache: every window is the whole cache, as the engine before refill read it.
-        rollout.MIN_WINDOW = 1 << 30 if name == "static_full_cache" else min_window
         counts[name] = [0, 0]
 
         def counted(step, inputs, positions, window):  # the machine-independent cost of the run
@@ -646,11 +707,11 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
             counts[name][1] += inputs.shape[0] * window
             return decode_step(step, inputs, positions, window)
 
-        DecodeStep.__call__ = counted
-        try:
-            return generate(model, prompts, sampling, seed=0, slots=args.slots, **configs[name])
-        finally:
-            rollout.MIN_WINDOW, DecodeStep.__call__ = min_window, decode_step
+        # static_full_cache: every window is the whole cache, as the engine before refill read it.
+        min_window = 1 << 30 if name == "static_full_cache" else rollout.MIN_WINDOW
+        with (mock.patch.object(rollout, "MIN_WINDOW", min_window),
+              mock.patch.object(DecodeStep, "__call__", counted), mock.patch.object(Sampler, "__call__", forced)):
+            return generate(model, prompts, sampling, seed=args.seed, slots=args.slots, **configs[name])
 
     seconds, results = {name: [] for name in configs}, {}
     for _ in range(args.repeats):  # round-robin, so that drift in the machine's speed hits all alike
@@ -661,10 +722,12 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
             sync(device)
             seconds[name].append(time.perf_counter() - start)
     lengths = results["refill"].lengths.float()
+    if lengths.long().tolist() != drawn:
+        raise RuntimeError("the rows' lengths are not the drawn ones: forced_lengths_sampler no longer fits")
     for name, timings in seconds.items():
         same = results[name].responses() == results["refill"].responses()
         emit({"bench": "rollout_long_tail", "engine": name, "device": device.type, "rows": args.rows,
-              "slots": args.slots, "new_tokens": args.new_tokens, "vocab": args.vocab,
+              "slots": args.slots, "new_tokens": args.new_tokens, "vocab": args.vocab, "seed": args.seed,
               "mean_length": round(float(lengths.mean()), 1),
               "at_limit": round(float((lengths == args.new_tokens).float().mean()), 3),
               "tokens_per_s": round(float(lengths.sum()) / statistics.median(timings), 1),
@@ -673,6 +736,17 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
               "decode_steps": counts[name][0], "kv_slots_read": counts[name][1],
               "same_rows_as_refill": same})
 
+
+def bench_decode_step(args: argparse.Namespace) -> None:
+    """The time of one decode step of the long-tail model for --slots rows against the attention window
+    (the filled cache length it reads), up to the whole cache of prompt_len + new_tokens."""
+    import torch
+
+    import rollout
+    from rollout import DecodeStep
+
+    device = torch.device(args.device)
+    model = long_tail_model(args, device)
     cache = model.new_cache(args.slots, args.prompt_len + args.new_tokens)
     step = DecodeStep(model, cache, cuda_graph=device.type == "cuda" and args.cuda_graph)
     inputs = torch.randn(args.slots, model.cfg.hidden_size, device=device, dtype=torch_dtype(device)) * 0.02
@@ -1024,7 +1098,8 @@ def main() -> None:
     rollout.add_argument("--batch", type=int, default=16, help="prompts decoded together")
     rollout.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt")
     rollout.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (no early stop)")
-    rollout.add_argument("--repeats", type=int, default=15, help="timed runs per configuration (median reported)")
+    rollout.add_argument("--repeats", type=int, default=None,
+                         help="timed runs per configuration, median reported (default: 15; --long-tail: 1)")
     rollout.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                          help="on cuda, run our decode step eagerly instead of replaying a CUDA graph")
     rollout.add_argument("--long-tail", action="store_true",
@@ -1032,8 +1107,9 @@ def main() -> None:
                               "batches, and decode-step time vs attention window (options below)")
     rollout.add_argument("--rows", type=int, default=32, help="--long-tail: rows generated")
     rollout.add_argument("--slots", type=int, default=8, help="--long-tail: rows decoded at once")
-    rollout.add_argument("--vocab", type=int, default=896,
-                         help="--long-tail: vocabulary size; the stop hazard per step is ~1 / vocab")
+    rollout.add_argument("--vocab", type=int, default=896, help="--long-tail: the model's vocabulary size")
+    rollout.add_argument("--seed", type=int, default=0,
+                         help="--long-tail: seed of the prompts, the response lengths and the sampling draws")
     rollout.add_argument("--step-repeats", type=int, default=20,
                          help="--long-tail: timed decode steps per window")
     rollout.add_argument("--memory", action="store_true",

@@ -6,11 +6,12 @@
 
 Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
 evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
-line per sample) and OUT/results.json (fractions in [0, 1]); prints the table in percent. Work is done in
-batches whose composition and seed depend only on the settings, and each finished batch is appended to
-samples.jsonl at once, so `--resume` after an interruption ends with the same results as one whole run.
-Under torchrun the batches are dealt to the ranks and the results do not depend on the number of processes
-(give --batch-size: the automatic one depends on the free memory of rank 0's GPU).
+line per sample) and OUT/results.json (fractions in [0, 1]); prints the table in percent. A sample's random
+draws depend only on (--seed, benchmark, problem, sample number), not on its batch: on a CPU the samples do
+not change with --batch-size, the number of processes under torchrun, or where a `--resume` picked up (on
+a GPU, bf16 kernels may round a row's logits differently in another batch shape, which can flip a token
+where two are nearly tied). Each finished batch is appended to samples.jsonl at once, so `--resume` after
+an interruption ends with the same results as one whole run.
 """
 
 import argparse
@@ -83,12 +84,12 @@ def render_prompts(benchmarks, tokenizer) -> list[tuple[str, list[dict], str]]:
 
 
 def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
-    """evaluate()'s generate_fn: (prompt ids, seed) -> (decoded responses, tokens generated)."""
+    """evaluate()'s generate_fn: (prompt ids, seed, row keys) -> (decoded responses, tokens generated)."""
     from rollout import generate
 
-    def generate_fn(prompts, seed):
+    def generate_fn(prompts, seed, row_keys):
         rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
-                           progress=progress)
+                           row_keys=row_keys, progress=progress)
         responses = rollout.responses()
         return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
 
@@ -108,21 +109,29 @@ def summarize(correct: dict[str, list[bool]], n: int) -> dict:
     return summary
 
 
-def batch_seed(seed: int, benchmark: str, batch_index: int) -> int:
-    digest = hashlib.sha256(f"{seed}:{benchmark}:{batch_index}".encode()).digest()
+def benchmark_seed(seed: int, benchmark: str) -> int:
+    """The sampling seed of every sample of one benchmark (benchmarks draw independently of each other)."""
+    digest = hashlib.sha256(f"{seed}:{benchmark}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def sample_key(problem_index: int, sample: int) -> int:
+    """The row key of a sample (rollout.generate's row_keys): its draws are a hash of (benchmark_seed, this
+    key, position), whatever batch it is generated in. Independent of --n: with --n 8, samples 0-3 are
+    those of --n 4."""
+    return problem_index << 32 | sample
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
              score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None) -> dict:
-    """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed) -> texts` in
-    batches sorted by prompt length, scores them with `score_fn(pairs, kind) -> [0/1]`, writes
-    samples.jsonl and results.json (with `scored_by`, the grader settings, when given) under out_dir and
-    returns the results.
+    """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed, row_keys) ->
+    (texts, tokens)` in batches sorted by prompt length (seed: benchmark_seed; row_keys: each sample's
+    sample_key), scores them with `score_fn(pairs, kind) -> [0/1]`, writes samples.jsonl and results.json
+    (with `scored_by`, the grader settings, when given) under out_dir and returns the results.
 
     Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
-    each round's samples, writes them in batch order and alone writes the files. A batch's composition and
-    seed do not depend on the world size, so neither do the results."""
+    each round's samples, writes them in batch order and alone writes the files. A sample's draws depend
+    on its seed and key only, so the results depend on neither the world size nor the batch size."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -143,7 +152,7 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                     start = time.perf_counter()
                     index = first + world.rank
                     mine = run_batch(name, problems, kind, batches[index], done, generate_fn, score_fn,
-                                     batch_seed(seed, name, index))
+                                     benchmark_seed(seed, name))
                     bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
                 this_round = min(world.size, len(batches) - first)
                 for records, _ in distributed.gather_dealt([mine], this_round, world):
@@ -195,7 +204,8 @@ def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) ->
     keys = [(name, problems[i]["id"], s) for _, i, s in batch]
     if all(key in done for key in keys):
         return [], 0
-    texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed)
+    texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed,
+                                    [sample_key(i, s) for _, i, s in batch])
     scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
     records = [{"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
                 "extracted": extracted_answer(text, kind), "reference": problems[i]["answer"],

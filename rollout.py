@@ -558,9 +558,10 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     Randomness: row i's response is a function of (seed, row_keys[i], the model) alone: every draw (token,
     mixing coin, noise) hashes them with the row's response position (draws.py), so it depends on no
     batch-mate, slot or order. row_keys: distinct ints, default 0..len-1 (callers pass e.g. a row's index
-    among a training step's rows, or problem * n + sample). The model runs in its own dtype (autocast is
-    off; on GPU pass a bf16 model). cuda_graph: replay the decode step from CUDA graphs (DecodeStep); None
-    = whenever the model is on a CUDA device. progress: a tqdm bar on stderr for rollouts over 2 s."""
+    among a training step's rows, or eval.sample_key(problem, sample)). The model runs in its own dtype
+    (autocast is off; on GPU pass a bf16 model). cuda_graph: replay the decode step from CUDA graphs
+    (DecodeStep); None = whenever the model is on a CUDA device. progress: a tqdm bar on stderr for
+    rollouts over 2 s."""
     N = len(prompts)
     keys = _check_arguments(model, prompts, exploration, neighbor_table, cuda_graph, row_keys, slots)
     device = model.embed_tokens.weight.device

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import data
 import eval as E
@@ -74,7 +75,7 @@ class StandIn:
                           for i, p in enumerate(problems)}
         self.seen = {}
 
-    def __call__(self, prompts, seed):
+    def __call__(self, prompts, seed, row_keys):
         texts = []
         for prompt in prompts:
             i, problem, kind = self.by_prompt[tuple(prompt)]
@@ -142,14 +143,14 @@ class Interrupted(Exception):
 
 
 def seeded_stand_in(stop_after=None):
-    """Correct or not by a coin that depends on the batch seed, so resume must reproduce the seeds."""
+    """Correct or not by a coin that depends on the seed and the row key, so resume must reproduce both."""
     calls = []
 
-    def generate_fn(prompts, seed):
+    def generate_fn(prompts, seed, row_keys):
         if stop_after is not None and len(calls) == stop_after:
             raise Interrupted
         calls.append(seed)
-        return [f"\\boxed{{{(seed >> i) & 1}}}" for i in range(len(prompts))], 0
+        return [f"\\boxed{{{hash((seed, key)) & 1}}}" for key in row_keys], 0
 
     return generate_fn, calls
 
@@ -174,6 +175,51 @@ def test_resume_after_an_interruption_gives_the_same_results(tmp_path):
     assert len(rest_calls) == math.ceil(80 / 7) - 5  # only the batches not yet done ran
     assert resumed == whole
     assert (tmp_path / "cut" / "results.json").read_text() == (tmp_path / "whole" / "results.json").read_text()
+
+
+@pytest.fixture(scope="module")
+def tiny_sampler():
+    """eval.py's generate_fn on the tiny random model, sampling at temperature 1 with no nucleus, and a
+    toy benchmark of 4 problems."""
+    from model import load_model
+    from rollout import Exploration, Sampling
+
+    tokenizer = data.tiny_tokenizer()
+    sampling = Sampling(temperature=1.0, max_new_tokens=12, stop_ids=(tokenizer.eos_token_id,),
+                        pad_id=data.pad_id_of(tokenizer))
+    generate_fn = E.sampler_fn(load_model("tiny", dtype=torch.float32, device="cpu"), tokenizer, sampling,
+                               Exploration(), progress=False)
+    problems = [{"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
+    return generate_fn, [("toy", data.tokenize_problems(problems, tokenizer, max_prompt_tokens=1000)[0], "math")]
+
+
+def sampled_eval(tiny_sampler, out: Path, batch_size: int, resume: bool = False) -> dict:
+    """3 samples per problem, each "correct" when its text has an odd length (the grader is not under test
+    here); returns {(problem, sample): response} from samples.jsonl."""
+    generate_fn, benchmarks = tiny_sampler
+    E.evaluate(benchmarks, generate_fn, n=3, out_dir=out, batch_size=batch_size, seed=5, resume=resume,
+               score_fn=lambda pairs, kind: [len(text) % 2 for text, _ in pairs], progress=False)
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    return {(s["problem_id"], s["sample"]): s["response"] for s in map(json.loads, lines)}
+
+
+def test_samples_do_not_depend_on_the_batch_size(tiny_sampler, tmp_path):
+    one = sampled_eval(tiny_sampler, tmp_path / "one", batch_size=1)
+    three = sampled_eval(tiny_sampler, tmp_path / "three", batch_size=3)
+    assert len(one) == 12 and one == three
+    assert len(set(one.values())) == 12  # sampled, not all alike: a key shared by two samples would show
+
+
+def test_a_resume_under_another_batch_size_equals_the_straight_run(tiny_sampler, tmp_path):
+    straight = sampled_eval(tiny_sampler, tmp_path / "straight", batch_size=3)
+    cut = tmp_path / "cut"
+    sampled_eval(tiny_sampler, cut, batch_size=2)
+    # An interruption after two batches of 2, in the middle of writing the third.
+    lines = (cut / "samples.jsonl").read_text().splitlines()
+    (cut / "samples.jsonl").write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])
+    resumed = sampled_eval(tiny_sampler, cut, batch_size=3, resume=True)
+    assert resumed == straight
+    assert (cut / "results.json").read_text() == (tmp_path / "straight" / "results.json").read_text()
 
 
 def test_unknown_benchmark_and_gated_gpqa_are_clear_errors():
