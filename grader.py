@@ -113,12 +113,16 @@ class Answer:
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_THOUSANDS_MARK = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,|,\\,|,\\ |\\ |[\u00a0\u2009\u202f\u2007'])\s*"
-                             r"(?=\d{3}(?!\d))")
+_THOUSANDS_MARK = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}|,\\!|\\,|,\\,|,\\ |\\ |[\u00a0\u2009\u202f\u2007'])"
+                             r"\s*(?=\d{3}(?!\d))")
 _SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000 000, when it is the whole answer
+_MIXED_NUMBER = re.compile(r"(?<![\d.,/])(\d+)\s+(\d+)/(\d+)(?![\d/])")  # 1 1/2: one and a half, not 11/2
 # \\\\frac from a doubly escaped string is \\frac: a row break never comes right before a letter
 _DOUBLED_BACKSLASH = re.compile(r"(?<!\\)\\\\(?=[a-zA-Z])")
-_LIST_WORD = re.compile(r"(?<=[)\]}\d])\s*\b(?:or|and)\b\s*(?=[-(\[\\\d])")  # (11,7) or (7,11)
+_SINGLE_BACKSLASH_COMMAND = re.compile(r"(?<!\\)\\[a-zA-Z]")
+# (11,7) or (7,11); 1, 2, and 3; x = 5 or x = -5
+_LIST_WORD = re.compile(r"(?<=[)\]}\d,])\s*\b(?:or|and)\b\s*(?=[-(\[\\\d]|[a-zA-Z]\s*=)")
+_REPEATED_COMMA = re.compile(r",(?:\s*,)+")
 _SPACING = re.compile(r"\\\\|\\(?:left|right)\.|\\(?:left|right|[bB]igg?[lr]?|displaystyle|textstyle|quad"
                       r"|qquad)(?![a-zA-Z])|\\[,;:! ]|~")
 _TEXT_BLOCK = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textsf|mbox|mathrm|mathbf|mathit|mathsf"
@@ -135,7 +139,7 @@ _SPELLINGS = {
     "≠": "\\neq ", "−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "⋅": "\\cdot ",
     "÷": "\\div ",
     "π": "\\pi ", "∞": "\\infty ", "√": "\\sqrt ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
-    "∅": "\\emptyset ", "\\%": "%",
+    "∅": "\\emptyset ", "≈": "\\approx ", "\\%": "%",
 }
 _SPELLING = re.compile("|".join(
     re.escape(key) + ("(?![a-zA-Z])" if key[0] == "\\" and key[-1].isalpha() else "")
@@ -148,9 +152,11 @@ _REWRITES = [(re.compile(pattern), replacement) for pattern, replacement in [
     (r"\\\$|\$|\bdollars?\b|\bUSD\b|US\$|[€£¥]|\\euro\b|\\pounds\b", ""),
     (r"^[a-zA-Z]\s*\\in(?![a-zA-Z])", ""),
 ]]
-# A degree mark at the very end is the answer's unit; elsewhere ((1, 30°) in polar form) it is dropped.
+# Degree marks (see _read_degrees)
 _DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°"
                      r"|\^?\\degree(?![a-zA-Z])")
+_TRIGONOMETRIC = re.compile(r"(?<![a-zA-Z])(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
+_APPROX = re.compile(r"\\approx(?![a-zA-Z])")
 # Spaces go, except where they separate tokens: "\pi r" is not "\pir", "\log_2 8" is not "\log_28".
 _PROTECTED_SPACE = re.compile(r"(\\[a-zA-Z]+|[_^]\d)\s+(?=[a-zA-Z\d])")
 _SHORT_ARGS = [(re.compile(pattern), replacement) for pattern, replacement in [
@@ -215,6 +221,46 @@ def _is_unit_after_value(text: str, trailing: re.Match) -> bool:
     return trailing.group(1).lower() not in _SHORT_UNITS or trailing.group(0)[:1].isspace()
 
 
+def _mixed_number(match: re.Match) -> str:
+    """1 1/2 -> 1\\frac{1}{2} (a mixed number, which the parser reads as 3/2); 1 3/2 stays as it is."""
+    whole, numerator, denominator = match.groups()
+    if int(numerator) >= int(denominator):
+        return match.group()
+    return rf"{whole}\frac{{{numerator}}}{{{denominator}}}"
+
+
+def _read_degrees(text: str, unit: str) -> tuple[str, str]:
+    """A degree mark inside a trigonometric function is pi/180 (kept as ° for the parser: \\sin(90^\\circ - x)
+    is \\cos x); otherwise one that ends the answer is its unit (90^\\circ), and others ((1, 30°) in polar
+    form) are dropped. Returns (text, unit)."""
+    if _TRIGONOMETRIC.search(text):
+        return _DEGREE.sub("°", text), unit
+    degree_at_end = re.search(f"(?:{_DEGREE.pattern})\\s*$", text)
+    if degree_at_end and not unit and text[:degree_at_end.start()].strip():
+        unit = "degree"
+    return _DEGREE.sub("", text), unit
+
+
+def _without_approximation(text: str) -> str:
+    """What an answer with \\approx states exactly: "x = 1/3 \\approx 0.33" -> "x = 1/3"; the approximate
+    value only when nothing exact precedes it ("x \\approx 11" -> "11")."""
+    parts = [part.strip() for part in _APPROX.split(text)]
+    exact = parts[0].replace(" ", "")
+    if exact and (not _NAME_LIKE.fullmatch(exact) or exact in _CONSTANTS):
+        return parts[0]
+    return parts[-1]
+
+
+def undouble_backslashes(text: str) -> str:
+    """\\\\frac from a doubly escaped string is \\frac (a row break \\\\ never comes right before a
+    letter); in a text escaped twice throughout (no command with one backslash) every \\\\ is one."""
+    if not _DOUBLED_BACKSLASH.search(text):
+        return text
+    if not _SINGLE_BACKSLASH_COMMAND.search(text):
+        return text.replace("\\\\", "\\")
+    return _DOUBLED_BACKSLASH.sub(r"\\", text)
+
+
 def unwrap(text: str) -> str:
     """Strip math delimiters and a box around the whole answer: "$\\boxed{5}$" -> "5"."""
     while True:
@@ -275,10 +321,10 @@ def normalize(answer: str) -> Answer:
     """
     if _PLAIN_NUMBER.fullmatch(answer):
         return Answer(answer)
-    text = unwrap(_DOUBLED_BACKSLASH.sub(r"\\", _CONTROL.sub("", answer)))
+    text = unwrap(undouble_backslashes(_CONTROL.sub("", answer)))
     if text.startswith("{") and matching_brace(text, 0) == len(text) - 1:
         text = text[1:-1]  # {1,2,3}: a TeX group around a list, not a set (that is \\{...\\})
-    text = _THOUSANDS_MARK.sub("", text)
+    text = _MIXED_NUMBER.sub(_mixed_number, _THOUSANDS_MARK.sub("", text))
     if _SPACE_GROUPED.fullmatch(text.strip()):
         text = text.replace(" ", "")
     text = _SPACING.sub(lambda match: "\\\\" if match.group() == "\\\\" else " ", text)  # keep \\ rows
@@ -286,15 +332,15 @@ def normalize(answer: str) -> Answer:
     text = _SPELLING.sub(lambda match: _SPELLINGS[match.group()], text)
     for pattern, replacement in _REWRITES:
         text = pattern.sub(replacement, text)
-    text = _LIST_WORD.sub(",", text).strip().rstrip(".").strip()
+    text = _REPEATED_COMMA.sub(",", _LIST_WORD.sub(",", text)).strip().rstrip(".").strip()
+    if "\\approx" in text:
+        text = _without_approximation(text)
     trailing = _TRAILING_UNIT.search(text) or _TRAILING_NOUN.search(text)
     if trailing and not unit and _is_unit_after_value(text, trailing):
         unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
         text = text[:trailing.start()]
-    degree_at_end = re.search(f"(?:{_DEGREE.pattern})\\s*$", text)
-    if degree_at_end and not unit and text[:degree_at_end.start()].strip():
-        unit = "degree"
-    text = _DEGREE.sub("", text).strip().rstrip(".").strip()
+    text, unit = _read_degrees(text, unit)
+    text = text.strip().rstrip(".").strip()
     percent = text.endswith("%")
     text = text.rstrip("%").strip()
     if _GROUPED_NUMBER.fullmatch(text):  # before spaces go: "1, 234" is a list
@@ -310,11 +356,13 @@ def normalize(answer: str) -> Answer:
 # Fast verdicts (no sympy; they decide most pairs of a training batch)
 
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?")
-_DECIMAL = re.compile(r"[+-]?\d*\.(\d+)")
+# a number written as a decimal, maybe in scientific notation: 0.33, .5, 2.31e-3, 2.31\times10^{-3}
+_DECIMAL = re.compile(r"[+-]?(\d*)\.(\d+)(?:[eE]([+-]?\d{1,3})|\\times10\^(?:\{([+-]?\d{1,3})\}|(\d)))?")
 _DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")  # 1,000 never gets here: normalize() read it as 1000
 _PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
                              r"|\(?([+-]?\d+)\)?/\(?([+-]?\d+)\)?)")
 _SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
+_TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?(?:([aApP])[mM])?")
 _CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
 _LEADING_CHOICE = re.compile(r"\(?([A-Ea-e])\)?(?![A-Za-z])")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
@@ -358,18 +406,27 @@ def terminates(value: Fraction) -> bool:
 
 def round_half_away(value, places: int) -> Fraction:
     """value rounded to `places` decimals, halves away from zero (how references round)."""
-    scaled = abs(Fraction(value)) * 10 ** places
-    rounded = Fraction(int(scaled + Fraction(1, 2)), 10 ** places)
+    scaled = abs(Fraction(value)) * Fraction(10) ** places
+    rounded = int(scaled + Fraction(1, 2)) / Fraction(10) ** places
     return rounded if value >= 0 else -rounded
 
 
-def stated_places(reference: str) -> int | None:
-    """Decimal places of a reference written as a decimal (0.33 -> 2): the precision it states."""
-    decimal = _DECIMAL.fullmatch(reference)
-    return len(decimal.group(1)) if decimal else None
+def stated_places(number: str) -> int | None:
+    """Decimal places of a number written as a decimal (0.33 -> 2, 2.31e-3 -> 5): the precision it states."""
+    decimal = _DECIMAL.fullmatch(number)
+    return len(decimal[2]) - int(decimal[3] or decimal[4] or decimal[5] or 0) if decimal else None
 
 
-MIN_PLACES_WRITTEN_OUT = 6  # a decimal prediction with this many places is an exact value written out
+def significant_digits(number: str) -> int:
+    """Significant digits of a number written as a decimal (0.0833 -> 3, 2.3148e-3 -> 5); 0 for others."""
+    decimal = _DECIMAL.fullmatch(number)
+    return len((decimal[1] + decimal[2]).lstrip("0")) if decimal else 0
+
+
+# A decimal prediction of an exact reference (1/3, \sqrt{2}, 8/3) is that value written out when it carries
+# this many places, and as many significant digits, correctly rounded (0.3333, 1.4142, 2.6667; not 0.33, 13.29
+# or 0.0833), or cut (0.666666).
+MIN_PLACES_ROUNDED, MIN_PLACES_CUT = 4, 6
 
 
 def decimal_matches(decimal: str, exact_value, truncation_too: bool = False) -> bool:
@@ -380,24 +437,26 @@ def decimal_matches(decimal: str, exact_value, truncation_too: bool = False) -> 
         return False
     if not isinstance(exact_value, Fraction):
         exact_value = Fraction(str(sympy.N(exact_value, places + 30)))
-    written = Fraction(decimal)
-    cut = Fraction(int(abs(exact_value) * 10 ** places), 10 ** places) * (1 if exact_value >= 0 else -1)
+    written = plain_number(decimal)
+    scale = Fraction(10) ** places
+    cut = int(abs(exact_value) * scale) / scale * (1 if exact_value >= 0 else -1)
     return round_half_away(exact_value, places) == written or (truncation_too and cut == written)
 
 
 def _precision_matches(pred: str, pred_value, ref: str, ref_value) -> bool:
     """The two precision rules: a reference written as a decimal states its precision (an exact
     prediction such as 1/3, \\sqrt{2}, \\pi matches when it rounds to the reference); a decimal prediction
-    with at least MIN_PLACES_WRITTEN_OUT places matches the exact reference it rounds or cuts."""
+    with enough places (MIN_PLACES_ROUNDED, MIN_PLACES_CUT) matches the exact reference it rounds or cuts."""
     def exact(text, value):
         terminating = isinstance(value, Fraction) and terminates(value)
-        return not _DECIMAL.fullmatch(text) and not terminating
-    if _DECIMAL.fullmatch(ref) and exact(pred, pred_value):
+        return stated_places(text) is None and not terminating
+    if stated_places(ref) is not None and exact(pred, pred_value):
         return decimal_matches(ref, pred_value)
     places = stated_places(pred)
-    if places is not None and places >= MIN_PLACES_WRITTEN_OUT and exact(ref, ref_value):
-        return decimal_matches(pred, ref_value, truncation_too=True)
-    return False
+    if places is None or min(places, significant_digits(pred)) < MIN_PLACES_ROUNDED \
+            or not exact(ref, ref_value):
+        return False
+    return decimal_matches(pred, ref_value, truncation_too=places >= MIN_PLACES_CUT)
 
 
 def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: Fraction) -> bool:
@@ -419,6 +478,9 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
     pred, ref = normalize(prediction), normalize(reference)
     if not pred.text:
         return False
+    pred_time, ref_time = _time_of_day(pred), _time_of_day(ref)
+    if pred_time is not None and ref_time is not None:
+        return pred_time == ref_time
     if pred.unit and ref.unit and pred.unit != ref.unit:
         return False  # 5 cm is not 5 m; a unit on one side only is the question's, not the answer's
     if pred.text == ref.text:
@@ -440,6 +502,20 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
         return None
     return _numbers_agree(Answer(pred_text, pred.unit, pred.percent), pred_value,
                           Answer(ref_text, ref.unit, ref.percent), ref_value)
+
+
+def _time_of_day(answer: Answer) -> int | None:
+    """Seconds after midnight of an answer written as a time of day (20:34, 8:34:00, 08:34 p.m.), else None;
+    a time is not the ratio 20:34."""
+    time = _TIME.fullmatch(answer.text + answer.unit.replace(".", "").replace(" ", ""))
+    if not time:
+        return None
+    hours, minutes, seconds = int(time[1]), int(time[2]), int(time[3] or 0)
+    if hours > (12 if time[4] else 23) or minutes > 59 or seconds > 59:
+        return None
+    if time[4]:
+        hours = hours % 12 + (12 if time[4].lower() == "p" else 0)
+    return (hours * 60 + minutes) * 60 + seconds
 
 
 def _is_words(text: str) -> bool:
@@ -540,6 +616,7 @@ class _Parser:
         self.position = 0
         self.depth = 0
         self.abs_depth = 0
+        self.trig_depth = 0  # inside a trigonometric function's argument, where 30° means pi/6
         self.pm_sign = pm_sign
 
     def peek(self) -> str:
@@ -624,8 +701,12 @@ class _Parser:
         return value
 
     def postfix(self, value):
-        while self.peek() in ("!", "%"):
-            value = _factorial(value) if self.take() == "!" else value / 100
+        while self.peek() in ("!", "%", "°"):
+            token = self.take()
+            if token == "!":
+                value = _factorial(value)
+            else:
+                value = value / 100 if token == "%" else value * (sympy.pi / 180 if self.trig_depth else 1)
         return value
 
     def nested(self, parse, *args):
@@ -769,18 +850,11 @@ class _Parser:
         if self.peek() == "^":
             self.take()
             exponent = self.script()
-        if self.peek() == "(":
-            self.take()
-            arguments = [self.nested(self.relation)]
-            while self.peek() == ",":
-                self.take()
-                arguments.append(self.nested(self.relation))
-            self.expect(")")
-        else:  # \sin 2x is sin(2x); the argument stops at an operator or at the next function
-            argument = self.power()
-            while self.starts_factor(self.peek()) and self.peek() not in _FUNCTIONS:
-                argument = argument * self.power()
-            arguments = [argument]
+        self.trig_depth += name in _INVERSES  # the six trigonometric functions
+        try:
+            arguments = self.arguments()
+        finally:
+            self.trig_depth -= name in _INVERSES
         if name in ("\\gcd", "\\lcm", "\\max", "\\min"):
             value = _FUNCTIONS[name](*arguments)
         elif len(arguments) != 1:
@@ -794,6 +868,20 @@ class _Parser:
         else:
             value = _FUNCTIONS[name](arguments[0])
         return value if exponent is None else _power(value, exponent)
+
+    def arguments(self) -> list:
+        if self.peek() == "(":
+            self.take()
+            arguments = [self.nested(self.relation)]
+            while self.peek() == ",":
+                self.take()
+                arguments.append(self.nested(self.relation))
+            self.expect(")")
+            return arguments
+        argument = self.power()  # \sin 2x is sin(2x): the argument stops at an operator or the next function
+        while self.starts_factor(self.peek()) and self.peek() not in _FUNCTIONS:
+            argument = argument * self.power()
+        return [argument]
 
     def matrix(self, environment: str):
         rows = [[]]
@@ -910,11 +998,29 @@ def _as_set(value) -> sympy.Set:
     if _is_set_like(value):
         symbols = value.free_symbols
         if len(symbols) != 1:
-            raise _Reject("not an inequality in one variable")
+            return _range_between(value)
         variable = symbols.pop()
         parts = value.args if isinstance(value, sympy.And) else [value]
         return sympy.Intersection(*(sympy.solveset(part, variable, sympy.S.Reals) for part in parts))
     raise _Reject("not a set")
+
+
+def _range_between(chain) -> sympy.Interval:
+    """The values a chain between two numbers allows, whatever it bounds: 0 < f(x) < 1 is (0, 1)."""
+    if not (isinstance(chain, sympy.And) and len(chain.args) == 2
+            and all(isinstance(part, _INEQUALITIES) for part in chain.args)):
+        raise _Reject("not an inequality in one variable")
+    bounds = []  # (lower?, number, strict?) of each part, read as "middle > number" or "middle < number"
+    for part in chain.args:
+        number, middle = (part.lhs, part.rhs) if part.lhs.is_number else (part.rhs, part.lhs)
+        if not number.is_number or middle.is_number:
+            raise _Reject("not a chain between two numbers")
+        below = isinstance(part, (sympy.LessThan, sympy.StrictLessThan)) == (number is part.lhs)
+        bounds.append((below, number, isinstance(part, (sympy.StrictLessThan, sympy.StrictGreaterThan))))
+    (low_below, low, low_strict), (high_below, high, high_strict) = sorted(bounds, key=lambda b: not b[0])
+    if not low_below or high_below:
+        raise _Reject("not a chain between two numbers")
+    return sympy.Interval(low, high, low_strict, high_strict)
 
 
 def _sets_equal(a: sympy.Set, b: sympy.Set) -> bool:
@@ -939,6 +1045,10 @@ def _sets_equal(a: sympy.Set, b: sympy.Set) -> bool:
 def _numerically_nonzero(expr: sympy.Expr) -> bool:
     """Whether expr is certainly not identically zero: its value at a generic point, to 30 digits."""
     symbols = sorted(expr.free_symbols, key=str)
+    if not symbols:  # a number: evalf certifies the digits it returns, however small (2^{2^{-1000}} - 1)
+        value = sympy.N(expr, 30, maxn=2000)
+        if isinstance(value, sympy.Float):
+            return value != 0 and value._prec > 1  # 0.e-2000 (no digit known) is what a true zero gives
     for trial in range(3):
         point = {symbol: sympy.Rational(113 + 37 * k + 19 * trial, 71) for k, symbol in enumerate(symbols)}
         value = sympy.N(expr, 30, subs=point)
@@ -953,6 +1063,8 @@ def _numerically_nonzero(expr: sympy.Expr) -> bool:
 def _expr_equal(a, b) -> bool:
     if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
         return a == b
+    if a.has(sympy.zoo, sympy.nan) or b.has(sympy.zoo, sympy.nan):
+        return False  # 12:00 read as 12/0 is no number, and not 1:00 either
     if a == b:
         return True
     if a.is_Rational and b.is_Rational:
@@ -965,6 +1077,9 @@ def _expr_equal(a, b) -> bool:
     if sympy.expand(difference) == 0 or sympy.expand(sympy.expand_log(difference, force=True)) == 0 \
             or sympy.simplify(difference) == 0:  # force: names in answers are positive lengths and counts
         return True
+    if difference.free_symbols and not difference.has(sympy.Abs) \
+            and sympy.simplify(sympy.posify(difference)[0]) == 0:
+        return True  # the same assumption for powers: (a/b)^{1/2} = a^{1/2} / b^{1/2}; but |x| is not x
     return difference.equals(0) is True
 
 
@@ -995,6 +1110,8 @@ def _relations_equal(a, b) -> bool:
 def _as_vector(value):
     if isinstance(value, tuple):
         return list(value)
+    if isinstance(value, sympy.Interval) and not (value.left_open or value.right_open):
+        return [value.start, value.end]  # [0.5, 1] against a column vector: its two entries
     if isinstance(value, sympy.MatrixBase) and 1 in value.shape:
         return list(value)
     return None
@@ -1025,13 +1142,13 @@ def answers_equal(a, b) -> bool:
     if isinstance(a, _INEQUALITIES) and isinstance(b, _INEQUALITIES) \
             and len(a.free_symbols | b.free_symbols) > 1:
         return _relations_equal(a, b)
-    if _is_set_like(a) or _is_set_like(b):
-        return _sets_equal(_as_set(a), _as_set(b))
     if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
         if isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase) and a.shape == b.shape:
             return all(map(_expr_equal, a, b))
         a_vector, b_vector = _as_vector(a), _as_vector(b)
         return None not in (a_vector, b_vector) and _lists_equal(tuple(a_vector), tuple(b_vector))
+    if _is_set_like(a) or _is_set_like(b):
+        return _sets_equal(_as_set(a), _as_set(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return _lists_equal(a, b)
     if isinstance(a, sympy.Equality) or isinstance(b, sympy.Equality):
@@ -1054,18 +1171,31 @@ _NAME_LIKE = re.compile(r"(?:[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?'?|\\[a-zA-Z]+|[(),
                         r"|\\frac\{[A-Za-z]+\}\{[A-Za-z]+\})+")
 
 
+_FUNCTION_VALUE = re.compile(r"y|[a-zA-Z]\([a-z]\)")  # y = 2x + 3 and f(x) = 2x + 3 define one function
+
+
 def _defined_value(text: str) -> tuple[str, str] | None:
     """(name, value) of "name = value" where the name is a variable, a tuple of them, f(x), |AB| or a
-    ratio of names (x = 5, (p,q) = (3,2), AB:CD = 1:2); a chain x = 2+3 = 5 gives its last side."""
+    ratio of names (x = 5, (p,q) = (3,2), AB:CD = 1:2); a chain x = 2+3 = 5 (or 1 + 4 = 2 + 3 = 5) gives
+    its last side."""
     sides = ["".join(part) for part in split_top(tokenize(text), {"="})]
-    if len(sides) < 2 or not _NAME_LIKE.fullmatch(sides[0]) or not all(sides):
+    if len(sides) < 2 or not all(sides) or not (len(sides) > 2 or _NAME_LIKE.fullmatch(sides[0])):
         return None
     return sides[0], sides[-1]
 
 
 def _defined_values(text: str) -> tuple[str, str] | None:
-    """_defined_value for one definition or a list of them: "AB=4, CD=5" -> ("AB,CD", "4,5")."""
-    items = ["".join(item) for item in split_top(tokenize(text), {",", ";"})]
+    """_defined_value for one definition or a list of them: "AB=4, CD=5" -> ("AB,CD", "4,5"); groups of
+    them, one solution each, are a list of tuples: "p=5,q=2; p=7,q=2" -> ("(p,q)", "(5,2),(7,2)")."""
+    groups = ["".join(group) for group in split_top(tokenize(text), {";"})]
+    solutions = [_definition_list(group, {","}) for group in groups] if len(groups) > 1 else [None]
+    if all(solutions) and len({names for names, _ in solutions}) == 1:
+        return f"({solutions[0][0]})", ",".join(f"({values})" for _, values in solutions)
+    return _definition_list(text, {",", ";"})
+
+
+def _definition_list(text: str, separators: set[str]) -> tuple[str, str] | None:
+    items = ["".join(item) for item in split_top(tokenize(text), separators)]
     definitions = [_defined_value(item) for item in items]
     if len(items) == 1 or not all(definitions):
         return _defined_value(text)
@@ -1076,7 +1206,9 @@ def _compare_defined_values(pred: Answer, ref: Answer) -> bool:
     """x = 5 against 5: the value is the answer; two definitions of the same name compare values."""
     pred_defined, ref_defined = _defined_values(pred.text), _defined_values(ref.text)
     if pred_defined and ref_defined:
-        if pred_defined[0] != ref_defined[0] or (pred_defined[1], ref_defined[1]) == (pred.text, ref.text):
+        same_name = pred_defined[0] == ref_defined[0] or (_FUNCTION_VALUE.fullmatch(pred_defined[0])
+                                                          and _FUNCTION_VALUE.fullmatch(ref_defined[0]))
+        if not same_name or (pred_defined[1], ref_defined[1]) == (pred.text, ref.text):
             return False
         pred = Answer(pred_defined[1], pred.unit, pred.percent)
         ref = Answer(ref_defined[1], ref.unit, ref.percent)

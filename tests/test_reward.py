@@ -34,8 +34,9 @@ EQUIVALENCE = {
         ("0.\\overline{3}", "\\frac{1}{3}", True),
         ("0.1\\overline{6}", "\\frac16", True),
         ("0.33", "\\frac{1}{3}", False),
-        ("0.333333", "1/3", True),  # six places: the exact value written out
-        ("0.33333", "1/3", False),
+        ("0.333333", "1/3", True),  # the exact value written out
+        ("0.3333", "1/3", True),  # four places correctly rounded still are (README, "Rewards")
+        ("0.333", "1/3", False),  # three are a rounding
         ("4.51", "4.5", False),
     ],
     "mixed number": [
@@ -123,7 +124,8 @@ EQUIVALENCE = {
         ("2^{1/2}", "\\sqrt2", True),
         ("\\sqrt{51}", "\\sqrt{50}", False),
         ("3\\sqrt{13}", "\\sqrt{39}", False),
-        ("1.4142", "\\sqrt{2}", False),
+        ("1.414", "\\sqrt{2}", False),  # a rounding to three places, not the value
+        ("1.4143", "\\sqrt{2}", False),
     ],
     "pi": [
         ("288\\pi", "288 \\pi", True),
