@@ -280,7 +280,7 @@ class Episodes:
 
     rollout: object  # a rollout.Rollout: prompts, response_ids, lengths, the fed (cand_ids, cand_weights), ...
     advantages: torch.Tensor  # [N]
-    old_logp: torch.Tensor  # [N, T]
+    old_logp: torch.Tensor | None  # [N, T]; None = on-policy: the update's own forward, detached
     ref_logp: torch.Tensor | None = None  # [N, T], when a KL term is on
     in_loss: torch.Tensor | None = None  # [N] bool, rows whose tokens count (--mask-truncated); None = all
 
@@ -289,7 +289,7 @@ class Episodes:
 
     def rows(self, index: slice) -> "Episodes":
         pick = lambda x: None if x is None else x[index]
-        return Episodes(self.rollout.select(index), self.advantages[index], self.old_logp[index],
+        return Episodes(self.rollout.select(index), self.advantages[index], pick(self.old_logp),
                         pick(self.ref_logp), pick(self.in_loss))
 
     def loss_mask(self) -> torch.Tensor:
@@ -322,16 +322,22 @@ def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor
     return torch.stack(distributed.gather_dealt(rows, num_rows, world)).to(distributed.device_of(model))
 
 
-def make_episodes(policy, reference, rollout, advantages, cfg,
-                  world: World = World()) -> tuple[Episodes, torch.Tensor]:
+def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *,
+                  on_policy: bool = False) -> tuple[Episodes, torch.Tensor | None]:
     """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
-    |rollout - replay| log-prob gap of every response token (it shows sampler / trainer drift)."""
-    policy.eval()
-    replayed = replay_logprobs(policy, rollout, cfg, world)
-    logp_gap = (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
+    |rollout - replay| log-prob gap of every response token (it shows sampler / trainer drift).
+
+    on_policy (one optimizer step on weights the rollout was sampled with): the old policy is the policy
+    being updated, so its log-probs are the update forward's own, detached, and the no-grad replay is
+    skipped (a quarter of the update's compute; the gap is then measured in that forward)."""
+    replayed = None
+    if not (on_policy and cfg.old_logp == "replay"):
+        policy.eval()
+        replayed = replay_logprobs(policy, rollout, cfg, world)
     ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg, world)
-    old_logp = replayed if cfg.old_logp == "replay" else rollout.logprobs.float()
-    episodes = Episodes(rollout, advantages.to(replayed.device), old_logp, ref_logp,
+    old_logp = rollout.logprobs.float() if cfg.old_logp == "rollout" else replayed
+    logp_gap = None if replayed is None else (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
+    episodes = Episodes(rollout, advantages.to(rollout.logprobs.device), old_logp, ref_logp,
                         rollout.finished if cfg.mask_truncated else None)
     return episodes, logp_gap
 
@@ -355,13 +361,20 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     run_tokens = group_tokens(full_mask, cfg.loss_agg_rows) if cfg.loss_agg == "token-mean-per-rows" else None
     device = distributed.device_of(model)
     totals: dict[str, float] = {}
-    entropy_sum, finite = 0.0, True
+    entropy_sum, finite, gap_sum, gap_max = 0.0, True, 0.0, 0.0
     for index, real in distributed.dealt_batches(len(episodes), cfg.micro_batch_size, world):
         micro = episodes.rows(index)
         logp, entropy = replay(model, micro.rollout, cfg)
         mask = micro.loss_mask().to(device) & real  # a stand-in counts for nothing
+        if micro.old_logp is None:  # on-policy: the sampled weights are these, so ratio = 1 with its gradient
+            old_logp = logp.detach()
+            gap = (old_logp.float() - micro.rollout.logprobs.float().to(device)).abs()[
+                micro.rollout.response_mask().to(device) & real]
+            gap_sum, gap_max = gap_sum + float(gap.sum()), max(gap_max, float(gap.max()) if gap.numel() else 0.0)
+        else:
+            old_logp = micro.old_logp.to(device)
         with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
-            loss, metrics = policy_loss(logp, micro.old_logp.to(device), micro.advantages.to(device), mask,
+            loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask,
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
                                         cfg=cfg, normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
@@ -377,6 +390,10 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     totals = distributed.mean_across(totals, 1.0, world)  # each rank's sums / (count / W): their mean
     entropy_sum = distributed.sum_across({"entropy": entropy_sum}, world)["entropy"]
     totals["entropy"] = entropy_sum / float(full_mask.sum().clamp_min(1))
+    if episodes.old_logp is None:
+        gap_sum = distributed.sum_across({"gap": gap_sum}, world)["gap"]
+        totals["logp_gap_mean"] = gap_sum / float(episodes.rollout.response_mask().sum().clamp_min(1))
+        totals["logp_gap_max"] = distributed.max_across({"gap": gap_max}, world)["gap"]
     totals["finite"] = not distributed.max_across({"bad": float(not finite)}, world)["bad"]
     return totals
 
@@ -419,13 +436,18 @@ def scheduled_lr(cfg, step: int, total_steps: int) -> float:
 
 
 def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg,
-           world: World = World()) -> tuple[dict, int, torch.Tensor]:
+           world: World = World()) -> tuple[dict, int]:
     """One rollout batch's whole update: group advantages -> replayed old / reference log-probs -> ppo_epochs
-    of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, mini-batches skipped,
-    the per-token |rollout - replay| log-prob gap)."""
+    of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, with logp_gap_mean /
+    logp_gap_max: the |rollout - replay| log-prob gap per response token; mini-batches skipped)."""
     virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
     advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
                                   virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
-    episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg, world)
+    on_policy = cfg.ppo_epochs == 1 and len(rollout.prompts) <= cfg.mini_batch_prompts * cfg.group_size
+    episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg, world, on_policy=on_policy)
     per_step, skipped = optimize(policy, optimizer, episodes, cfg, world)
-    return {key: sum(values) / len(values) for key, values in per_step.items()}, skipped, logp_gap
+    result = {key: sum(values) / len(values) for key, values in per_step.items()}
+    if logp_gap is not None:
+        result["logp_gap_mean"] = float(logp_gap.mean()) if logp_gap.numel() else 0.0
+        result["logp_gap_max"] = float(logp_gap.max()) if logp_gap.numel() else 0.0
+    return result, skipped

@@ -149,12 +149,12 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
             update_start = time.perf_counter()
             for group in r.optimizer.param_groups:
                 group["lr"] = scheduled_lr(cfg, step, max_steps)
-            result, skipped, logp_gap = ({}, 0, torch.zeros(0)) if not len(groups.trained.prompts) else \
+            result, skipped = ({}, 0) if not len(groups.trained.prompts) else \
                 update(r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg,
                        world)
             r.refresh_sampler()
             update_s = time.perf_counter() - update_start
-            metrics = step_metrics(r, step + 1, groups, result, skipped, logp_gap, update_s)
+            metrics = step_metrics(r, step + 1, groups, result, skipped, update_s)
             if r.held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                 metrics["held_out_accuracy"] = r.held_out_accuracy()
             if r.val_sets and ((cfg.val_every and (step + 1) % cfg.val_every == 0) or step + 1 == max_steps):
@@ -259,8 +259,7 @@ def moved(rollout: Rollout, device) -> Rollout:
     return replace(rollout, **{name: getattr(rollout, name).to(device) for name in ROW_TENSORS})
 
 
-def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, logp_gap: torch.Tensor,
-                 update_s: float) -> dict:
+def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, update_s: float) -> dict:
     """What metrics.jsonl records of a step (README, "Outputs", defines each field)."""
     cfg, rollout = r.cfg, groups.rollout
     per_group = groups.scores.view(-1, cfg.group_size)
@@ -273,8 +272,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         **result,
         "lr": r.optimizer.param_groups[0]["lr"], "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
         "mix_distance": mixing_distance(r.sampler.embed_tokens.weight, rollout),
-        "logp_gap_mean": float(logp_gap.mean()) if logp_gap.numel() else 0.0,
-        "logp_gap_max": float(logp_gap.max()) if logp_gap.numel() else 0.0,
+        "logp_gap_mean": result.get("logp_gap_mean", 0.0), "logp_gap_max": result.get("logp_gap_max", 0.0),
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
         # How different a group's responses are (README, "Is it better?"): answers compared by our checker,
         # or as strings when the reward is math-verify's or the user's.

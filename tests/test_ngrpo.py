@@ -399,3 +399,49 @@ def test_bad_schedule_settings_are_one_message():
         Config(lr_schedule="linear")
     with pytest.raises(ValueError, match="min_lr_ratio in"):
         Config(min_lr_ratio=1.5)
+
+
+def test_on_policy_update_skips_the_replay_and_has_the_replayed_gradient(tiny, monkeypatch):
+    """One optimizer step on the weights that sampled (one mini-batch, one epoch): the old log-probs are the
+    update forward's own, detached, and the no-grad replay is skipped. The gradient equals the one with old
+    log-probs from a separate replay (ratio 1 either way: gradient -A grad log p / tokens), and the
+    sampler-vs-trainer gap is still measured."""
+    model, table = tiny
+    rollout = generate(model, PROMPTS, Sampling(max_new_tokens=16, stop_ids=STOP_IDS),
+                       Exploration("neighbor", mix_rate=0.5, num_neighbors=2), neighbor_table=table, seed=4)
+    advantages = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.8])
+    config = cfg(kl_coef=0.0, micro_batch_size=2)
+    replays = []
+    real_replay = ngrpo.replay_logprobs
+    monkeypatch.setattr(ngrpo, "replay_logprobs", lambda *a, **k: replays.append(1) or real_replay(*a, **k))
+    grads, metrics = {}, {}
+    for on_policy in (False, True):
+        trained = copy.deepcopy(model)
+        episodes, gap = ngrpo.make_episodes(trained, None, rollout, advantages, config, on_policy=on_policy)
+        assert (episodes.old_logp is None) == on_policy and (gap is None) == on_policy
+        trained.zero_grad(set_to_none=True)
+        metrics[on_policy] = ngrpo.backward_minibatch(trained, episodes, config)
+        grads[on_policy] = {name: p.grad for name, p in trained.named_parameters() if p.grad is not None}
+    assert replays == [1]  # only the off-policy path replayed
+    for name, grad in grads[False].items():
+        assert (grads[True][name] - grad).norm() <= 1e-6 * max(grad.norm(), 1e-12), name
+    assert metrics[True]["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics[True]["loss"] == pytest.approx(metrics[False]["loss"])
+    assert 0 <= metrics[True]["logp_gap_mean"] <= metrics[True]["logp_gap_max"] < 1e-4
+
+
+def test_update_is_on_policy_only_for_one_step_on_the_sampled_weights(tiny, monkeypatch):
+    model, table = tiny
+    rollout = generate(model, PROMPTS[:4], Sampling(max_new_tokens=8, stop_ids=STOP_IDS), seed=1)
+    seen = []
+    real = ngrpo.make_episodes
+    monkeypatch.setattr(ngrpo, "make_episodes", lambda *a, on_policy, **k: seen.append(on_policy) or real(
+        *a, on_policy=on_policy, **k))
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    for overrides in (dict(mini_batch_prompts=2), dict(mini_batch_prompts=1), dict(mini_batch_prompts=2,
+                                                                                      ppo_epochs=2)):
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+        result, skipped = ngrpo.update(trained, None, optimizer, rollout, rewards,
+                                       cfg(group_size=2, prompts_per_step=2, kl_coef=0.0, **overrides))
+        assert not skipped and "logp_gap_max" in result
+    assert seen == [True, False, False]
