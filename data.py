@@ -82,10 +82,13 @@ def load_tokenizer(name_or_path: str):
 # ----------------------------------------------------------------------------- prompts
 
 
-def math_prompt(problem: str, *, final_period: bool = True) -> str:
-    """The paper's math prompt. The released preprocessing of the DeepScaleR training set drops the final
-    period (final_period=False); evaluation prompts keep it."""
-    text = f"{problem} {MATH_INSTRUCTION}"
+def math_prompt(problem: str, *, final_period: bool = True, instruction: str = MATH_INSTRUCTION) -> str:
+    """The paper's math prompt: the problem, then the instruction ('' = the problem alone). The released
+    preprocessing of the DeepScaleR training set drops the final period (final_period=False); evaluation
+    prompts keep it."""
+    if not instruction:
+        return problem
+    text = f"{problem} {instruction}"
     return text if final_period else text.removesuffix(".")
 
 
@@ -109,13 +112,13 @@ def pad_id_of(tokenizer) -> int:
 
 
 def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int, style: str = "math",
-                      final_period: bool = True) -> tuple[list[dict], int]:
-    """Adds `prompt_ids` to each problem (style "math" or "gpqa") and drops those longer than
-    max_prompt_tokens. Returns (kept problems, number dropped)."""
+                      final_period: bool = True, instruction: str = MATH_INSTRUCTION) -> tuple[list[dict], int]:
+    """Adds `prompt_ids` to each problem (style "math" with `instruction`, or "gpqa") and drops those longer
+    than max_prompt_tokens. Returns (kept problems, number dropped)."""
     kept = []
     for problem in problems:
-        text = gpqa_prompt(problem["problem"]) if style == "gpqa" else math_prompt(problem["problem"],
-                                                                                   final_period=final_period)
+        text = gpqa_prompt(problem["problem"]) if style == "gpqa" else math_prompt(
+            problem["problem"], final_period=final_period, instruction=instruction)
         ids = encode_prompt(tokenizer, text)
         if len(ids) <= max_prompt_tokens:
             kept.append({**problem, "prompt_ids": ids})

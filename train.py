@@ -556,7 +556,7 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
     except (DataError, OSError) as error:
         raise RunError(describe_load_error(error, f"--data {cfg.data}")) from None
     problems, dropped = tokenize_problems(problems, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
-                                          final_period=False)
+                                          final_period=False, instruction=cfg.instruction)
     if not problems:
         raise RunError(f"every prompt of {cfg.data} is longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
     held_out = []
@@ -568,7 +568,7 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
         except (DataError, OSError) as error:
             raise RunError(describe_load_error(error, f"--eval-data {source}")) from None
         held_out, _ = tokenize_problems(held_out, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
-                                        final_period=False)
+                                        final_period=False, instruction=cfg.instruction)
     return problems, held_out, dropped
 
 

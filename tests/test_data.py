@@ -266,6 +266,15 @@ def test_training_prompts_drop_the_final_period():
         "Answer: <A/B/C/D>")
 
 
+def test_instruction_setting_replaces_the_papers_or_leaves_the_problem_alone():
+    assert data.math_prompt("Find x.", instruction="") == "Find x."
+    assert data.math_prompt("Find x.", instruction="Box it.", final_period=False) == "Find x. Box it"
+    kept, _ = data.tokenize_problems([{"problem": "2+3?", "answer": "5"}], data.tiny_tokenizer(),
+                                     max_prompt_tokens=100, instruction="")
+    assert data.tiny_tokenizer().decode(kept[0]["prompt_ids"]) == (
+        "<｜begin▁of▁sentence｜><｜User｜>2+3?<｜Assistant｜><think>\n")
+
+
 def test_tiny_tokenizer_loads_back_with_autotokenizer(tmp_path):
     from transformers import AutoTokenizer
 

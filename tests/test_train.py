@@ -42,7 +42,7 @@ def warm_model(request, tmp_path_factory):
     tokenizer, cfg = tiny_tokenizer(), replace(preset("demo"), seed=seed)
     model = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=seed)
     problems, _ = tokenize_problems(load_problems(cfg.data), tokenizer, max_prompt_tokens=256,
-                                    final_period=False)
+                                    final_period=False, instruction=cfg.instruction)
     pool = RewardPool()
     reached = train.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool)
     pool.close()
