@@ -3,12 +3,13 @@
     rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
             -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL)
 
-Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the
-one formula both sides use; plus the noise a strategy recorded, redrawn from its key), so the policy is scored on the inputs it actually saw; gradients reach E
-through the mixtures. Sequences are laid out [prompt | response] and right-padded, so plain causal
-attention is exact for every real token. The loss is a token mean over all response tokens of the
-mini-batch (or a mean over its sequences, --loss-agg): each micro-batch divides by the mini-batch's token
-(or sequence) count, so the gradient does not depend on how the mini-batch is split.
+Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the one
+formula both sides use; plus the noise a strategy recorded, redrawn from its key), so the policy is scored
+on the inputs it actually saw; gradients reach E through the mixtures. Sequences are laid out
+[prompt | response] and right-padded, so plain causal attention is exact for every real token. The loss is a
+token mean over all response tokens of the mini-batch (or a mean over its sequences, --loss-agg): each
+micro-batch divides by the mini-batch's token (or sequence) count, so the gradient does not depend on how
+the mini-batch is split.
 """
 
 import contextlib

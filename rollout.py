@@ -312,7 +312,8 @@ def explore_gaussian(view: StepView) -> Mixture:
 def released_scores(view: StepView) -> torch.Tensor:
     """[B, V] the release's `latent_logits`: p / tau, p already softmaxed; tokens that top-k / top-p
     filtering removed at -inf, as the release's own filtering leaves them (a token whose p underflowed to 0
-    keeps its score 0, as there)."""
+    keeps its score 0, as there). Greedy decoding (temperature 0) uses p at tau = 1; the release's greedy
+    path would hand its mixing code the raw logits."""
     return (view.probs / view.temperature).masked_fill(view.logits == float("-inf"), float("-inf"))
 
 
