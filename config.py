@@ -49,10 +49,22 @@ class Config:
 
     # --- exploration (README.md, "The algorithm", steps 2-6, and the baselines)
     explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
-                          "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures",
-                          ("none", "neighbor", "soft", "gaussian"))
+                          "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures; the released "
+                          "code's others (README, 'Exploration strategies'): topk = the top tokens weighted by "
+                          "a second softmax, topk-gumbel = Gumbel-perturbed choice of them, gaussian_embed_noise "
+                          "= topk + Gaussian noise, orthogonal_noise = the greedy token + noise scaled by the "
+                          "other top tokens", ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel",
+                                               "gaussian_embed_noise", "orthogonal_noise"))
     mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
                              "(per sequence, per step)")
+    mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
+                                          "--mix-rate coin (the released code's mix_rate: null mode); the entropy "
+                                          "is the release's, of softmax(p / temperature) with p already softmaxed, "
+                                          "which stays within ~1/V of log V (README). 0 = off")
+    mix_feed: str = option("sampler", "sampler = feed the mixture to the next decode step (the method as "
+                           "described); replay-only = record the same mixture but feed the sampled token, "
+                           "training still replays the mixtures (what the released rollouts did under sglang's "
+                           "CUDA graphs, by reading: README)", ("sampler", "replay-only"))
     num_neighbors: int = option(1, "semantic neighbors mixed with the greedy anchor token")
     mix_weights: str = option("code", "weights over [anchor, neighbors]: code = softmax(p / temperature) as the "
                               "released code does; renorm = p renormalised over the candidates (the paper's figure)",
@@ -64,10 +76,13 @@ class Config:
     neighbor_refresh: int = option(0, "rebuild the neighbor table every N optimizer steps (0 = build once)")
     stop_mixing_token: str = option("</think>", "mixing stops for good after a sequence samples this token "
                                     "(empty = never stops)")
-    soft_top_k: int = option(10, "soft / gaussian: number of top tokens in the mixture (Soft Thinking's scripts use 10)")
-    mix_temperature: float = option(0.0, "soft / gaussian: mixture weights softmax(p / t) over the top tokens; "
-                                    "0 = the renormalised probabilities")
-    noise_sigma: float = option(0.33, "gaussian: noise std as a fraction of the mixture's RMS")
+    soft_top_k: int = option(10, "soft, gaussian and the released code's topk, topk-gumbel, gaussian_embed_noise, "
+                             "orthogonal_noise: number of top tokens (Soft Thinking's scripts use 10)")
+    mix_temperature: float = option(0.0, "soft / gaussian: mixture weights p^(1/t) renormalised over the top "
+                                    "tokens (0 = the renormalised probabilities); the released code's strategies: "
+                                    "softmax(p / (temperature t)) (0 = t of 1)")
+    noise_sigma: float = option(0.33, "gaussian / gaussian_embed_noise: noise std as a fraction of the fed "
+                                "input's RMS")
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
@@ -195,6 +210,11 @@ class Config:
                 problems.append(f"{f.name} must be one of {', '.join(choices)}, not {getattr(self, f.name)!r}")
         checks = [
             (0.0 <= self.mix_rate <= 1.0, "mix_rate must be in [0, 1]"),
+            (self.mix_entropy_threshold >= 0, "mix_entropy_threshold must be >= 0 (0 = off)"),
+            (self.mix_entropy_threshold == 0 or self.explore not in ("none", "soft"), "mix_entropy_threshold "
+             "replaces the mixing coin, which --explore none and soft do not have"),
+            (self.mix_feed == "sampler" or self.explore != "none", "mix_feed replay-only needs an exploration "
+             "strategy that records mixtures (--explore none records none)"),
             (self.num_neighbors >= 1, "num_neighbors must be at least 1"),
             (self.group_size >= 2, f"group_size must be at least 2, not {self.group_size}: advantages compare the "
              "responses of a group, so a group of one carries no learning signal"),

@@ -10,6 +10,7 @@ graph (pure tensor ops).
     draws = RowDraws(seed=(run_seed, step), row_keys=keys, positions=t)   # keys, t: [B] int64
     u = draws.uniform(TOKEN, 1)        # [B, 1] float64 in (0, 1)
     z = draws.normal(NOISE, d)         # [B, d] float32 standard normal
+    key = draws.keys(NOISE)            # [B] int64: normal_from_keys(key, d) draws z again (training's replay)
 
 The hash is splitmix64 (Steele, Lea, Flood 2014): a stream's state is the mix of (seed, stream, row key,
 position), and its n outputs are mix64(state + i * golden) for i = 1..n, as splitmix64 itself steps.
@@ -20,8 +21,9 @@ from functools import lru_cache
 
 import torch
 
-# Streams: one per kind of draw, so that the token, the mixing coin and the noise of a step are independent.
-TOKEN, COIN, NOISE = 1, 2, 3
+# Streams: one per kind of draw, so that the token, the mixing coin, the noise and the Gumbel perturbation of
+# a step are independent: a strategy's draws never move the sampled token.
+TOKEN, COIN, NOISE, GUMBEL = 1, 2, 3, 4
 
 MASK64 = (1 << 64) - 1
 
@@ -80,18 +82,32 @@ class RowDraws:
     def __post_init__(self):
         self._seed_state = seed_state(self.seed)
 
+    def keys(self, stream: int) -> torch.Tensor:
+        """[B] int64: each row's key of `stream` at this step; its draws are functions of it alone."""
+        state = mix64(self.row_keys * GOLDEN + _int64(self._seed_state + stream))  # [B]
+        return mix64(state ^ (self.positions * MIX1))
+
     def bits(self, stream: int, n: int) -> torch.Tensor:
         """[B, n] int64 random bits."""
-        state = mix64(self.row_keys * GOLDEN + _int64(self._seed_state + stream))  # [B]
-        state = mix64(state ^ (self.positions * MIX1))
-        index = torch.arange(1, n + 1, device=state.device) * GOLDEN  # [n]
-        return mix64(state[:, None] + index)  # [B, n]
+        return bits_from_keys(self.keys(stream), n)
 
     def uniform(self, stream: int, n: int) -> torch.Tensor:
         """[B, n] float64 in (0, 1)."""
         return bits_to_uniform(self.bits(stream, n))
 
     def normal(self, stream: int, n: int) -> torch.Tensor:
-        """[B, n] float32 standard normal draws (Box-Muller over two uniforms per draw)."""
-        u = self.uniform(stream, 2 * n)
-        return ((-2.0 * u[:, :n].log()).sqrt() * torch.cos(2 * torch.pi * u[:, n:])).float()
+        """[B, n] float32 standard normal draws."""
+        return normal_from_keys(self.keys(stream), n)
+
+
+def bits_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """[..., n] int64 random bits from keys [...]: splitmix64's outputs 1..n from each key."""
+    index = torch.arange(1, n + 1, device=keys.device) * GOLDEN  # [n]
+    return mix64(keys[..., None] + index)
+
+
+def normal_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """[..., n] float32 standard normal draws from keys [...] (RowDraws.keys): Box-Muller over two uniforms
+    per draw. A recorded key gives the same draws again, so training can replay a step's noise."""
+    u = bits_to_uniform(bits_from_keys(keys, 2 * n))
+    return ((-2.0 * u[..., :n].log()).sqrt() * torch.cos(2 * torch.pi * u[..., n:])).float()

@@ -240,15 +240,15 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
 # The Config fields eval.py shares with train.py (same flags, same help, same validation), and the
 # defaults of the paper's evaluation protocol where they differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "max_new_tokens", "temperature", "top_p", "top_k", "explore", "mix_rate",
-               "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
-               "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite",
+               "mix_entropy_threshold", "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric",
+               "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite",
                "device", "dist_timeout_s", "grader", "reward", "require_boxed")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
 RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "n", "max_new_tokens", "temperature", "top_p",
-                   "top_k", "explore", "mix_rate", "num_neighbors", "mix_weights", "neighbor_space",
-                   "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "seed",
-                   "grader", "reward", "require_boxed")
+                   "top_k", "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
+                   "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
+                   "noise_sigma", "seed", "grader", "reward", "require_boxed")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,12 +3,13 @@
     rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
             -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL)
 
-Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the
-one formula both sides use), so the policy is scored on the inputs it actually saw; gradients reach E
-through the mixtures. Sequences are laid out [prompt | response] and right-padded, so plain causal
-attention is exact for every real token. The loss is a token mean over all response tokens of the
-mini-batch (or a mean over its sequences, --loss-agg): each micro-batch divides by the mini-batch's token
-(or sequence) count, so the gradient does not depend on how the mini-batch is split.
+Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the one
+formula both sides use; plus the noise a strategy recorded, redrawn from its key), so the policy is scored
+on the inputs it actually saw; gradients reach E through the mixtures. Sequences are laid out
+[prompt | response] and right-padded, so plain causal attention is exact for every real token. The loss is a
+token mean over all response tokens of the mini-batch (or a mean over its sequences, --loss-agg): each
+micro-batch divides by the mini-batch's token (or sequence) count, so the gradient does not depend on how
+the mini-batch is split.
 """
 
 import contextlib
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 import distributed
 from distributed import World
+from draws import normal_from_keys
 
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
@@ -229,8 +231,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
 
 
 def replay_inputs(embed_weight: torch.Tensor, prompts: list[list[int]], cand_ids: torch.Tensor,
-                  cand_weights: torch.Tensor, lengths: torch.Tensor):
-    """The training forward's inputs for rollout rows: [prompt | fed response inputs], right-padded.
+                  cand_weights: torch.Tensor, lengths: torch.Tensor, noise_keys: torch.Tensor | None = None,
+                  noise_scales: torch.Tensor | None = None):
+    """The training forward's inputs for rollout rows: [prompt | fed response inputs], right-padded; a step
+    with recorded noise (noise_scales [B, T] > 0, `orthogonal_noise`) gets it back from its key.
 
     Returns inputs_embeds [B, L, d] and pred_pos [B, T]: the position whose output predicts response
     token t (prompt length - 1 + t). The input after the last response token is never needed."""
@@ -252,14 +256,24 @@ def replay_inputs(embed_weight: torch.Tensor, prompts: list[list[int]], cand_ids
     own_row[..., 0] = 1.0
     weights = torch.where(in_prompt[..., None], own_row, weights)  # a prompt token: its own row, weight 1
     pred_pos = (prompt_lens[:, None] - 1 + torch.arange(T, device=device)[None]).clamp(max=L - 1)  # [B, T]
-    return mixed_embeddings(embed_weight, ids, weights), pred_pos
+    inputs = mixed_embeddings(embed_weight, ids, weights)  # [B, L, d]
+    if noise_scales is not None and bool((noise_scales > 0).any()):
+        scales = torch.where(in_prompt, 0.0, noise_scales.to(device).gather(1, step))  # [B, L]
+        noisy = scales > 0
+        keys = noise_keys.to(device).gather(1, step)[noisy]  # [M]
+        noise = torch.zeros(*inputs.shape, device=device)
+        noise[noisy] = scales[noisy, None] * normal_from_keys(keys, inputs.shape[-1])  # as the sampler drew it
+        inputs = (inputs.float() + noise).to(inputs.dtype)
+    return inputs, pred_pos
 
 
 def sequence_logprobs(model, prompts, cand_ids, cand_weights, lengths, response_ids, *, temperature: float = 1.0,
-                      chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                      chunk_tokens: int = 1024, noise_keys: torch.Tensor | None = None,
+                      noise_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Replays rollout rows through `model` and returns (log p of each response token, entropy), [B, T]
     each; positions past a row's length hold values that the response mask ignores."""
-    inputs, pred_pos = replay_inputs(model.embed_tokens.weight, prompts, cand_ids, cand_weights, lengths)
+    inputs, pred_pos = replay_inputs(model.embed_tokens.weight, prompts, cand_ids, cand_weights, lengths,
+                                     noise_keys, noise_scales)
     hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
     hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
     return token_logprobs(hidden, model.output_weight, response_ids.to(hidden.device), temperature=temperature,
@@ -305,7 +319,8 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     with autocast(distributed.device_of(model)):
         return distributed.run_model(model, sequence_logprobs, rollout.prompts, rollout.cand_ids,
                                      rollout.cand_weights, rollout.lengths, rollout.response_ids,
-                                     temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens)
+                                     temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens,
+                                     noise_keys=rollout.noise_keys, noise_scales=rollout.noise_scales)
 
 
 @torch.no_grad()

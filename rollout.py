@@ -3,13 +3,15 @@
 One decode step, for every live row at once (DESIGN.md §3 steps 1-5):
 
     p   = softmax(filter(logits / tau))           y ~ p is the action: recorded, rewarded, trained on
-    m   = Bernoulli(mix_rate), until </think>     (`soft`: every thinking step)
+    m   = Bernoulli(mix_rate), until </think>     (`soft`: every thinking step; or an entropy threshold)
     C   = [argmax p] + its table neighbors         (`soft` / `gaussian`: the top-K tokens of p)
     w   = softmax(p(C) / tau)  or  p(C) / sum p(C)
     e   = sum_c w_c E[c] if m else E[y]           (`gaussian`: + N(0, (sigma * rms)^2) at mixed steps)
 
-and e is the next input. Every step records (C, w), or ([y], [1]) when not mixed, so that training can
-replay exactly the inputs the sampler fed. Each strategy is one function (EXPLORERS).
+and e is the next input (`--mix-feed replay-only`: E[y], the mixture only recorded). Every step records
+(C, w), or ([y], [1]) when not mixed, so that training can replay exactly the inputs the sampler fed. Each
+strategy is one function (EXPLORERS), the release's others (`topk`, `topk-gumbel`, `gaussian_embed_noise`,
+`orthogonal_noise`) included.
 
 The engine: `slots` rows decode at once, each at its own position in its own slot of the KV cache (no
 left padding); per-row state (position, finished, mixing stopped) lives in tensors. Every SYNC_EVERY steps
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from draws import COIN, NOISE, TOKEN, RowDraws
+from draws import COIN, GUMBEL, NOISE, TOKEN, RowDraws, normal_from_keys
 from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
 
@@ -48,32 +50,40 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Exploration:
-    strategy: str = "none"  # none | neighbor (N-GRPO) | soft (Soft Thinking) | gaussian (STHT-style)
-    mix_rate: float = 0.1  # neighbor / gaussian: P(a step is mixed); soft mixes every thinking step
+    strategy: str = "none"  # a key of EXPLORERS: none, neighbor (N-GRPO), soft, gaussian, the release's own
+    mix_rate: float = 0.1  # P(a step is mixed); soft mixes every thinking step
+    mix_entropy_threshold: float = 0.0  # > 0: mix the steps whose released_entropy is >= this, not by coin
     num_neighbors: int = 1  # neighbor: candidates = anchor + this many table neighbors
     weights: str = "code"  # neighbor: code = softmax(p(C) / tau); renorm = p(C) / sum p(C)
-    top_k: int = 10  # soft / gaussian: candidates = the top-k tokens of p
-    mix_temperature: float = 0.0  # soft / gaussian: weights p(C)^(1/t) renormalised; 0 = t of 1
-    noise_sigma: float = 0.33  # gaussian: noise std as a fraction of the mixture's RMS
+    top_k: int = 10  # soft, gaussian and the release's strategies: candidates = the top-k tokens of p
+    mix_temperature: float = 0.0  # soft / gaussian: p(C)^(1/t) renormalised; release's: p / (tau t); 0: t = 1
+    noise_sigma: float = 0.33  # gaussian / gaussian_embed_noise: noise std as a fraction of the input's RMS
+    feed: str = "sampler"  # sampler: feed the mixture; replay-only: record it but feed E[y] (README)
     stop_mixing_id: int | None = None  # no mixing at or after the step that samples this id (</think>)
 
     def __post_init__(self):
         if self.strategy not in EXPLORERS:
             raise ValueError(f"exploration strategy must be one of {', '.join(EXPLORERS)}, "
                              f"not {self.strategy!r}")
-        if self.weights not in ("code", "renorm"):
-            raise ValueError(f"mixing weights must be 'code' or 'renorm', not {self.weights!r}")
+        if self.weights not in ("code", "renorm") or self.feed not in ("sampler", "replay-only"):
+            raise ValueError(f"mixing weights must be 'code' or 'renorm' (not {self.weights!r}) and feed "
+                             f"'sampler' or 'replay-only' (not {self.feed!r})")
         if not (0.0 <= self.mix_rate <= 1.0 and self.num_neighbors >= 1 and self.top_k >= 1
-                and self.noise_sigma >= 0):
+                and self.noise_sigma >= 0 and self.mix_entropy_threshold >= 0):
             raise ValueError("exploration needs 0 <= mix_rate <= 1, num_neighbors >= 1, top_k >= 1, "
-                             "noise_sigma >= 0")
+                             "noise_sigma >= 0, mix_entropy_threshold >= 0")
+        if self.mix_entropy_threshold > 0 and self.strategy in ("none", "soft"):
+            raise ValueError(f"the {self.strategy} strategy has no mixing coin for an entropy threshold "
+                             "to replace")
 
     @property
     def num_candidates(self) -> int:
-        return {"none": 1, "neighbor": 1 + self.num_neighbors}.get(self.strategy, self.top_k)
+        fixed = {"none": 1, "neighbor": 1 + self.num_neighbors, "orthogonal_noise": 1}
+        return fixed.get(self.strategy, self.top_k)
 
 
-ROW_TENSORS = ("response_ids", "lengths", "finished", "logprobs", "cand_ids", "cand_weights", "mixed")
+ROW_TENSORS = ("response_ids", "lengths", "finished", "logprobs", "cand_ids", "cand_weights", "mixed",
+               "noise_keys", "noise_scales")
 
 
 @dataclass
@@ -83,8 +93,10 @@ class Rollout:
     response_ids [B, T] (pad_id after the end), lengths [B] (stop token included), finished [B] (ended by
     a stop id; False = truncated at max_new_tokens), logprobs [B, T] (sampling log-prob of each sampled
     token at the sampling temperature, after filtering), and the replay record: cand_ids / cand_weights
-    [B, T, K] (the fed input was sum_k w_k E[id_k]; an unmixed step holds [y, y, ...] and [1, 0, ...])
-    and mixed [B, T] (the step fed a mixture)."""
+    [B, T, K] (the fed input was sum_k w_k E[id_k]; an unmixed step holds [y, y, ...] and [1, 0, ...]),
+    mixed [B, T] (the step fed a mixture), and the noise training replays: noise_keys [B, T] (int64 draw
+    keys) and noise_scales [B, T] (its std; 0 = none): the input was the mixture + scale * z, with
+    z = draws.normal_from_keys(key, d)."""
 
     prompts: list[list[int]]
     response_ids: torch.Tensor
@@ -94,6 +106,8 @@ class Rollout:
     cand_ids: torch.Tensor
     cand_weights: torch.Tensor
     mixed: torch.Tensor
+    noise_keys: torch.Tensor
+    noise_scales: torch.Tensor
 
     def response_mask(self) -> torch.Tensor:
         """[B, T] bool: True at the positions of each row's response (stop token included)."""
@@ -114,7 +128,7 @@ class Rollout:
     @staticmethod
     def concat(rollouts: list["Rollout"], pad_id: int) -> "Rollout":
         """The rows of several rollouts as one, in order; responses right-padded to the longest (pad_id in
-        response_ids and cand_ids, weight 0, log-prob 0, not mixed)."""
+        response_ids and cand_ids, weight 0, log-prob 0, not mixed, no noise)."""
         if len(rollouts) == 1:
             return rollouts[0]
         T = max(r.response_ids.shape[1] for r in rollouts)
@@ -201,6 +215,7 @@ class StepView:
     """What an exploration strategy sees at one decode step, for the B rows at once."""
 
     exploration: Exploration
+    logits: torch.Tensor  # [B, V] the logits / tau whose softmax probs is (-inf: removed by top-k / top-p)
     probs: torch.Tensor  # [B, V] the sampling distribution (temperature, top-k / top-p applied)
     token: torch.Tensor  # [B] the sampled action y
     eligible: torch.Tensor  # [B] bool: live rows that have not yet sampled stop_mixing_id
@@ -219,6 +234,13 @@ class Mixture:
     cand_weights: torch.Tensor  # [B, K]
     mixed: torch.Tensor  # [B] bool
     inputs: torch.Tensor  # [B, d] in the embedding's dtype
+    noise_keys: torch.Tensor | None = None  # [B] int64: training replays scale * normal_from_keys(key, d)
+    noise_scales: torch.Tensor | None = None  # [B] that noise's std; None = 0 (no replayed noise)
+
+    def __post_init__(self):
+        if self.noise_scales is None:
+            self.noise_keys = torch.zeros_like(self.mixed, dtype=torch.long)
+            self.noise_scales = torch.zeros_like(self.mixed, dtype=torch.float32)
 
 
 def mix_where(view: StepView, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
@@ -239,12 +261,21 @@ def explore_none(view: StepView) -> Mixture:
                    view.embed[view.token])
 
 
+def mix_steps(view: StepView) -> torch.Tensor:
+    """[B] bool: the eligible rows whose coin lands (rate mix_rate), or, with mix_entropy_threshold > 0, whose
+    released_entropy reaches the threshold (the release's `mix_rate: null` mode)."""
+    x = view.exploration
+    if x.mix_entropy_threshold > 0:
+        return view.eligible & (released_entropy(view) >= x.mix_entropy_threshold)
+    return view.eligible & (view.coin < x.mix_rate)
+
+
 def explore_neighbor(view: StepView) -> Mixture:
     """N-GRPO: at a step whose coin lands (rate mix_rate), the anchor argmax p and its table neighbors."""
     x = view.exploration
     cand_ids, cand_weights = neighbor_candidates(view.probs, view.cand_table, temperature=view.temperature,
                                                  weights=x.weights)
-    return mix_where(view, cand_ids, cand_weights, view.eligible & (view.coin < x.mix_rate))
+    return mix_where(view, cand_ids, cand_weights, mix_steps(view))
 
 
 def explore_soft(view: StepView) -> Mixture:
@@ -253,21 +284,112 @@ def explore_soft(view: StepView) -> Mixture:
     return mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
 
 
+def with_noise(mixture: Mixture, where: torch.Tensor, sigma: float, draws: RowDraws) -> Mixture:
+    """The mixture with N(0, (sigma * rms)^2) added to the inputs of the rows `where` (rms of each row's
+    input), the record unchanged: training replays the noise-free inputs."""
+    inputs = mixture.inputs.float()  # [B, d]
+    rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()
+    noisy = inputs + draws.normal(NOISE, inputs.shape[1]) * sigma * rms
+    mixture.inputs = torch.where(where[:, None], noisy, inputs).to(mixture.inputs.dtype)
+    return mixture
+
+
 def explore_gaussian(view: StepView) -> Mixture:
     """STHT-style: at a step whose coin lands, the top-k mixture plus N(0, (sigma * rms)^2) noise. The
     record holds the noise-free mixture, which is what training replays (as the released code does)."""
     x = view.exploration
-    clean = mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature),
-                      view.eligible & (view.coin < x.mix_rate))
-    inputs = clean.inputs.float()  # [B, d]
-    rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()
-    noisy = inputs + view.draws.normal(NOISE, inputs.shape[1]) * x.noise_sigma * rms
-    clean.inputs = torch.where(clean.mixed[:, None], noisy, inputs).to(clean.inputs.dtype)
-    return clean
+    clean = mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), mix_steps(view))
+    return with_noise(clean, clean.mixed, x.noise_sigma, view.draws)
+
+
+# The release's other strategies (`mix_strategy` in its sglang `layers/sampler.py` and
+# `managers/scheduler_output_processor_mixin.py`). Its sampler softmaxes the logits in place before the
+# mixing code reads them, so everything below ranks and weighs the already-softmaxed p / tau
+# (released_scores), as neighbor's `code` weights do. None needs state beyond the step: the decode step
+# (CUDA graph included) takes whatever vector the strategy feeds.
+
+
+def released_scores(view: StepView) -> torch.Tensor:
+    """[B, V] the release's `latent_logits`: p / tau, p already softmaxed; tokens that top-k / top-p
+    filtering removed at -inf, as the release's own filtering leaves them (a token whose p underflowed to 0
+    keeps its score 0, as there). Greedy decoding (temperature 0) uses p at tau = 1; the release's greedy
+    path would hand its mixing code the raw logits."""
+    return (view.probs / view.temperature).masked_fill(view.logits == float("-inf"), float("-inf"))
+
+
+def released_entropy(view: StepView) -> torch.Tensor:
+    """[B] the entropy the release gates on (`latent_entropy`): of softmax(released_scores), a second softmax
+    over the already-softmaxed p. A softmax of numbers in [0, 1 / tau] is nearly uniform: its entropy stays
+    within ~1/V of log V whatever the model's confidence (README)."""
+    q = released_scores(view).softmax(-1)  # [B, V]
+    return -(q * q.clamp_min(1e-9).log()).sum(-1)
+
+
+def released_topk(view: StepView, perturbation: torch.Tensor | None = None):
+    """(s = released_scores / t [B, V], cand_ids [B, K], cand_weights [B, K]): the top-k tokens by s (+ the
+    perturbation), weighted by the unperturbed softmax(s(C)) = softmax(p(C) / (tau t))."""
+    x = view.exploration
+    scores = released_scores(view) / (x.mix_temperature or 1.0)  # [B, V]
+    ranked = scores if perturbation is None else scores + perturbation
+    cand_ids = ranked.topk(x.top_k, dim=-1).indices  # [B, K]
+    return scores, cand_ids, scores.gather(-1, cand_ids).softmax(-1)
+
+
+def explore_topk(view: StepView) -> Mixture:
+    """The release's `topk`: at a mixed step, the top-k tokens of p weighted softmax(p(C) / (tau t)). On
+    probabilities that is nearly uniform: at tau t = 1 a sure anchor gets e / (e + k - 1) (23% at k = 10)."""
+    _, cand_ids, cand_weights = released_topk(view)
+    return mix_where(view, cand_ids, cand_weights, mix_steps(view))
+
+
+def explore_topk_gumbel(view: StepView) -> Mixture:
+    """The release's `topk-gumbel`: `topk` with the candidates ranked by p / (tau t) + Gumbel noise (one
+    draw per token, u clamped to [1e-6, 1 - 1e-6] as released), the weights from the unperturbed scores.
+    Gumbel noise (std 1.28) swamps scores in [0, 1 / (tau t)]: the candidates are nearly k tokens drawn
+    uniformly from the whole vocabulary (Gumbel-top-k samples without replacement from softmax(scores))."""
+    u = view.draws.uniform(GUMBEL, view.probs.shape[-1]).clamp(1e-6, 1 - 1e-6)  # [B, V] float64
+    _, cand_ids, cand_weights = released_topk(view, perturbation=-(-u.log()).log().float())
+    return mix_where(view, cand_ids, cand_weights, mix_steps(view))
+
+
+def explore_gaussian_embed_noise(view: StepView) -> Mixture:
+    """The release's `gaussian_embed_noise`: the `topk` mixture plus N(0, (sigma * rms)^2) noise; the record
+    (what training replays, as the release's trainer does) holds the noise-free mixture. Under the entropy
+    gate the release adds noise at every thinking step, those the gate leaves unmixed too (E[y] + noise)."""
+    x = view.exploration
+    mixture = explore_topk(view)
+    noisy = view.eligible if x.mix_entropy_threshold > 0 else mixture.mixed
+    return with_noise(mixture, noisy, x.noise_sigma, view.draws)
+
+
+def explore_orthogonal_noise(view: StepView) -> Mixture:
+    """The release's `orthogonal_noise`: at a mixed step, E[a] (a = argmax p) plus noise scaled by the other
+    top-k tokens c_k: n_k = |E[c_k] minus its projection on E[a]|, w = softmax(scores(c_k) / t) over them
+    (p / (tau t^2): the release divides by t twice). The release draws randn_like(unit direction) * w_k n_k,
+    an isotropic vector per c_k (the direction lends only its shape), so the sum is N(0, sum_k (w_k n_k)^2)
+    per coordinate: drawn here as one normal vector times that std. The record holds [a] and the noise's
+    key and std, so training replays the fed vector exactly (the release records the vector itself).
+    The release takes its rows from the output matrix (`vocab_embedding_weight` is lm_head's); here E."""
+    x = view.exploration
+    scores, cand_ids, _ = released_topk(view)
+    anchor = view.embed[cand_ids[:, 0]].float()  # [B, d]
+    others = view.embed[cand_ids[:, 1:]].float()  # [B, K-1, d]
+    along = others @ anchor[:, :, None] / anchor.pow(2).sum(-1).clamp_min(1e-6)[:, None, None]  # [B, K-1, 1]
+    orth_norms = (others - along * anchor[:, None]).norm(dim=-1).clamp_min(1e-6)  # [B, K-1]
+    noise_weights = (scores.gather(-1, cand_ids[:, 1:]) / (x.mix_temperature or 1.0)).softmax(-1)
+    scales = (noise_weights * orth_norms).pow(2).sum(-1).sqrt()  # [B]
+    mixture = mix_where(view, cand_ids[:, :1], torch.ones_like(scales)[:, None], mix_steps(view))
+    keys = view.draws.keys(NOISE)
+    noisy = anchor + scales[:, None] * normal_from_keys(keys, anchor.shape[1])  # [B, d]
+    mixture.inputs = torch.where(mixture.mixed[:, None], noisy, mixture.inputs.float()).to(view.embed.dtype)
+    mixture.noise_keys, mixture.noise_scales = keys, torch.where(mixture.mixed, scales, 0.0)
+    return mixture
 
 
 EXPLORERS: dict[str, Callable[[StepView], Mixture]] = {
     "none": explore_none, "neighbor": explore_neighbor, "soft": explore_soft, "gaussian": explore_gaussian,
+    "topk": explore_topk, "topk-gumbel": explore_topk_gumbel,
+    "gaussian_embed_noise": explore_gaussian_embed_noise, "orthogonal_noise": explore_orthogonal_noise,
 }
 STRATEGIES = tuple(EXPLORERS)
 
@@ -461,6 +583,8 @@ class Record:
     cand_ids: torch.Tensor
     cand_weights: torch.Tensor
     mixed: torch.Tensor
+    noise_keys: torch.Tensor
+    noise_scales: torch.Tensor
     lengths: torch.Tensor  # [N + 1], written when a row ends
     finished: torch.Tensor
 
@@ -470,8 +594,8 @@ class Record:
             return torch.zeros(N + 1, *shape, dtype=dtype, device=device)
 
         return cls(zeros(T_max, dtype=torch.long) + pad_id, zeros(T_max), zeros(T_max, K, dtype=torch.long),
-                   zeros(T_max, K), zeros(T_max, dtype=torch.bool), zeros(dtype=torch.long),
-                   zeros(dtype=torch.bool))
+                   zeros(T_max, K), zeros(T_max, dtype=torch.bool), zeros(T_max, dtype=torch.long),
+                   zeros(T_max), zeros(dtype=torch.long), zeros(dtype=torch.bool))
 
     @property
     def spare_row(self) -> int:
@@ -483,7 +607,8 @@ class Record:
         """Step t[s] of row rows[s], for every slot s at once."""
         for buffer, value in ((self.response_ids, token), (self.logprobs, logprob),
                               (self.cand_ids, mixture.cand_ids), (self.cand_weights, mixture.cand_weights),
-                              (self.mixed, mixture.mixed)):
+                              (self.mixed, mixture.mixed), (self.noise_keys, mixture.noise_keys),
+                              (self.noise_scales, mixture.noise_scales)):
             buffer.index_put_((rows, t), value)
 
     def end_rows(self, state: Slots, slots: torch.Tensor) -> None:
@@ -497,7 +622,8 @@ class Record:
         return Rollout(prompts=[list(p) for p in prompts], response_ids=self.response_ids[:N, :T],
                        lengths=self.lengths[:N], finished=self.finished[:N], logprobs=self.logprobs[:N, :T],
                        cand_ids=self.cand_ids[:N, :T], cand_weights=self.cand_weights[:N, :T],
-                       mixed=self.mixed[:N, :T])
+                       mixed=self.mixed[:N, :T], noise_keys=self.noise_keys[:N, :T],
+                       noise_scales=self.noise_scales[:N, :T])
 
 
 @dataclass
@@ -523,7 +649,8 @@ class Sampler:
         greedy = s.temperature == 0
         tau = 1.0 if greedy else s.temperature
         live = state.live(record.spare_row, s.max_new_tokens)
-        probs = filtered_logits(logits, tau, s.top_k, s.top_p).softmax(-1)  # [S, V]
+        scaled = filtered_logits(logits, tau, s.top_k, s.top_p)  # [S, V]
+        probs = scaled.softmax(-1)
         draws = RowDraws(self.seed, self.row_keys[state.row], state.length.clone())
         token = sample_tokens(probs, None if greedy else draws.uniform(TOKEN, 1)[:, 0])
         token = torch.where(live, token, s.pad_id)  # [S]
@@ -534,9 +661,11 @@ class Sampler:
         state.finished |= live & torch.isin(token, self.stop_ids)
         if x.stop_mixing_id is not None:  # the step that samples it is not mixed either
             state.mixing_on &= token != x.stop_mixing_id
-        view = StepView(x, probs, token, live & state.mixing_on, draws.uniform(COIN, 1)[:, 0], tau,
+        view = StepView(x, scaled, probs, token, live & state.mixing_on, draws.uniform(COIN, 1)[:, 0], tau,
                         self.embed, self.cand_table, draws)
         mixture = EXPLORERS[x.strategy](view)
+        if x.feed == "replay-only":  # the same record, but the sampled token is fed (README, "--mix-feed")
+            mixture.inputs = self.embed[token]
         record.write(torch.where(live, state.row, record.spare_row),
                      state.length.clamp(max=s.max_new_tokens - 1), token, logprob, mixture)
         positions = (state.prompt_len + state.length).clamp(max=self.max_len - 1)  # where y is fed
@@ -629,6 +758,7 @@ def exploration_from_config(cfg, tokenizer) -> Exploration:
         if not isinstance(stop_mixing_id, int) or stop_mixing_id < 0 or stop_mixing_id == tokenizer.unk_token_id:
             raise ValueError(f"--stop-mixing-token {cfg.stop_mixing_token!r} is not one token of the tokenizer "
                              "(pass --stop-mixing-token '' to mix until the end of the response)")
-    return Exploration(cfg.explore, mix_rate=cfg.mix_rate, num_neighbors=cfg.num_neighbors, weights=cfg.mix_weights,
-                       top_k=cfg.soft_top_k, mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma,
+    return Exploration(cfg.explore, mix_rate=cfg.mix_rate, mix_entropy_threshold=cfg.mix_entropy_threshold,
+                       num_neighbors=cfg.num_neighbors, weights=cfg.mix_weights, top_k=cfg.soft_top_k,
+                       mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma, feed=cfg.mix_feed,
                        stop_mixing_id=stop_mixing_id)

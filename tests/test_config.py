@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from config import Config, build_parser, parse_config, preset
+from rollout import STRATEGIES, exploration_from_config
 
 # The design document, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B
 # (freeze_embeddings: the released runs' FSDP artifact, which the paper presets reproduce: tests/test_fidelity.py).
@@ -63,6 +64,9 @@ def test_flags_override_the_preset():
     (["--lr", "abc"], "invalid float value"),
     (["--preset", "tiny", "--config", "x.json"], "give one of them"),
     (["--old-logp", "rollout", "--top-p", "0.9"], "old_logp=rollout needs top_p=1"),
+    (["--explore", "soft", "--mix-entropy-threshold", "4"], "mix_entropy_threshold replaces the mixing coin"),
+    (["--explore", "none", "--mix-feed", "replay-only"], "mix_feed replay-only needs"),
+    (["--mix-feed", "fed"], "invalid choice"),
 ])
 def test_bad_flags_exit_with_one_message(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -84,3 +88,17 @@ def test_unknown_json_keys_are_named(tmp_path):
     with pytest.raises(ValueError, match="mixing_rate"):
         Config.load_json(tmp_path / "c.json")
 
+
+
+def test_exploration_flags_reach_the_sampler():
+    cfg = parse_config(["--explore", "orthogonal_noise", "--soft-top-k", "4", "--mix-temperature", "0.7",
+                        "--mix-entropy-threshold", "11.9", "--mix-feed", "replay-only", "--stop-mixing-token", ""])
+    x = exploration_from_config(cfg, tokenizer=None)
+    assert (x.strategy, x.top_k, x.mix_temperature, x.mix_entropy_threshold, x.feed, x.stop_mixing_id) == (
+        "orthogonal_noise", 4, 0.7, 11.9, "replay-only", None)
+    assert preset("paper-1.5b").mix_feed == "sampler" and preset("paper-1.5b").mix_entropy_threshold == 0.0
+
+
+def test_every_exploration_strategy_has_its_flag_value():
+    explore = next(f for f in dataclasses.fields(Config) if f.name == "explore")
+    assert explore.metadata["choices"] == STRATEGIES

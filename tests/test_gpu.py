@@ -72,16 +72,17 @@ def test_graphed_greedy_equals_argmax_of_transformers_full_forwards(models):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("strategy", ["neighbor", "soft"])
+@pytest.mark.parametrize("strategy", ["neighbor", "soft", "topk-gumbel", "orthogonal_noise"])
 def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
-    """What training replays (ngrpo.sequence_logprobs over the recorded mixtures) is what the graphed
-    sampler saw, at the sampling temperature."""
+    """What training replays (ngrpo.sequence_logprobs over the recorded mixtures, and noise redrawn from its
+    keys) is what the graphed sampler saw, at the sampling temperature."""
     _, ours = models
     table = build_neighbor_table(ours.output_weight, 1)
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, max_new_tokens=24),
                        Exploration(strategy, mix_rate=0.5, top_k=4), neighbor_table=table, seed=5)
     logp, _ = sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights, rollout.lengths,
-                                rollout.response_ids, temperature=0.7)
+                                rollout.response_ids, temperature=0.7, noise_keys=rollout.noise_keys,
+                                noise_scales=rollout.noise_scales)
     mask = rollout.response_mask()
     assert rollout.mixed.any()
     assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4

@@ -2,13 +2,16 @@
 against hand computations, and the statistics of the exploration strategies."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
+import ngrpo
 import rollout
+from draws import normal_from_keys
 from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
 
 V = 97
@@ -74,11 +77,14 @@ def test_prefill_in_row_chunks_changes_nothing(models, monkeypatch):
 
 def replay_logits(hf, rollout, row):
     """transformers' full forward over the prompt's embeddings followed by the recorded mixtures, computed
-    here by hand as sum_k w_k E[id_k]; returns the logits that predicted each response token."""
+    here by hand as sum_k w_k E[id_k] plus the recorded noise (scale * the normal draws of its key); returns
+    the logits that predicted each response token."""
     E = hf.get_input_embeddings().weight
     prompt = rollout.prompts[row]
     n = int(rollout.lengths[row])
     fed = (rollout.cand_weights[row, : n - 1, :, None] * E[rollout.cand_ids[row, : n - 1]]).sum(-2)  # [n-1, d]
+    noise = normal_from_keys(rollout.noise_keys[row, : n - 1], E.shape[1])  # [n-1, d]
+    fed = fed + rollout.noise_scales[row, : n - 1, None] * noise
     inputs = torch.cat([E[torch.tensor(prompt)], fed])[None]
     return hf(inputs_embeds=inputs).logits[0, len(prompt) - 1 :]  # [n, V]
 
@@ -127,16 +133,18 @@ def test_mixing_candidates_match_a_hand_computation(temperature, weights):
     assert abs(float(w.sum()) - 1.0) < 1e-6
 
 
-def assert_replay_reproduces(hf, rollout, *, temperature: float) -> None:
-    """Every row's recorded log-probs equal transformers' replay of its recorded inputs (< 1e-4), and a
-    mixed step's first candidate is the argmax of the distribution the replay gives."""
+def assert_replay_reproduces(hf, rollout, *, temperature: float, greedy_anchor: bool = True) -> None:
+    """Every row's recorded log-probs equal transformers' replay of its recorded inputs (< 1e-4), and (when
+    the strategy's first candidate is the greedy token) a mixed step's first candidate is the argmax of the
+    distribution the replay gives."""
     for row in range(len(rollout.prompts)):
         n = int(rollout.lengths[row])
         replayed = replay_logits(hf, rollout, row)  # [n, V]
         logp = (replayed / temperature).log_softmax(-1).gather(-1, rollout.response_ids[row, :n, None])[:, 0]
         assert (logp - rollout.logprobs[row, :n]).abs().max() < 1e-4
         mixed = rollout.mixed[row, :n]
-        assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
+        if greedy_anchor:
+            assert torch.equal(replayed[mixed].argmax(-1), rollout.cand_ids[row, :n, 0][mixed])
 
 
 def test_code_weights_give_neighbors_a_large_share():
@@ -231,9 +239,10 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
 
 
 @torch.no_grad()
-def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models):
+@pytest.mark.parametrize("strategy", ["gaussian", "gaussian_embed_noise"])
+def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models, strategy):
     hf, ours = models
-    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration("gaussian", mix_rate=1.0, top_k=3),
+    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration(strategy, mix_rate=1.0, top_k=3),
                        seed=9)
     assert rollout.mixed.all()
     assert abs(float(rollout.cand_weights.sum(-1).mean()) - 1.0) < 1e-6
@@ -324,7 +333,7 @@ def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian"])
+@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian", "topk-gumbel"])
 def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)
@@ -352,3 +361,97 @@ def test_replaying_refilled_rows_reproduces_every_step(models, exploration):
                        exploration, neighbor_table=ring_table(V, 2), seed=5, slots=2)
     assert rollout.mixed.any() and len(set(rollout.lengths.tolist())) >= 3
     assert_replay_reproduces(hf, rollout, temperature=0.8)
+
+
+# ----------------------------------------------------------------------------- the release's other strategies
+
+RELEASED_STRATEGIES = [
+    Exploration("topk", mix_rate=0.5, top_k=3, mix_temperature=0.7),
+    Exploration("topk-gumbel", mix_rate=0.5, top_k=3),
+    Exploration("gaussian_embed_noise", mix_rate=0.5, top_k=3, noise_sigma=0.0),  # its record is noise-free
+    Exploration("orthogonal_noise", mix_rate=0.5, top_k=4),
+]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("exploration", RELEASED_STRATEGIES, ids=lambda x: x.strategy)
+def test_the_released_strategies_replay_exactly_in_training(models, exploration):
+    """transformers over the recorded inputs (noise redrawn from its keys) and the training forward
+    (ngrpo.sequence_logprobs) both give back every recorded log-prob."""
+    hf, ours = models
+    rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration, seed=12)
+    assert rollout.mixed.any() and not rollout.mixed.all()
+    assert_replay_reproduces(hf, rollout, temperature=0.8, greedy_anchor=exploration.strategy != "topk-gumbel")
+    logp, _ = ngrpo.sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
+                                      rollout.lengths, rollout.response_ids, temperature=0.8,
+                                      noise_keys=rollout.noise_keys, noise_scales=rollout.noise_scales)
+    assert (logp - rollout.logprobs)[rollout.response_mask()].abs().max() < 1e-4
+    noisy = rollout.noise_scales > 0
+    assert torch.equal(noisy, rollout.mixed) if exploration.strategy == "orthogonal_noise" else not noisy.any()
+
+
+def released_entropies(hf, rollout, row: int, tau: float) -> torch.Tensor:
+    """[n] the released gate's entropy at each step of a row, by hand in float64 from transformers' logits:
+    H(softmax(p / tau)) with p = softmax(z / tau)."""
+    z = replay_logits(hf, rollout, row).double() / tau  # [n, V]
+    q = (z.softmax(-1) / tau).softmax(-1)
+    return -(q * q.log()).sum(-1)
+
+
+@torch.no_grad()
+def test_entropy_gate_mixes_exactly_the_steps_at_or_above_the_threshold(models):
+    hf, ours = models
+    tau, sampling = 0.8, Sampling(temperature=0.8, max_new_tokens=16)
+    plain = generate(ours, PROMPTS, sampling, seed=13)
+    threshold = float(torch.cat([released_entropies(hf, plain, row, tau) for row in range(len(PROMPTS))]).median())
+    gate = Exploration("neighbor", num_neighbors=2, mix_rate=0.0, mix_entropy_threshold=threshold)
+    gated = generate(ours, PROMPTS, sampling, gate, neighbor_table=ring_table(V, 2), seed=13)
+    checked = 0
+    for row in range(len(PROMPTS)):
+        n = int(gated.lengths[row])
+        entropy = released_entropies(hf, gated, row, tau)  # [n]
+        clear = (entropy - threshold).abs() > 1e-5  # fp32 and float64 may round a step on the line either way
+        assert torch.equal(gated.mixed[row, :n][clear], (entropy >= threshold)[clear])
+        checked += int(clear.sum())
+    assert checked >= 0.9 * int(gated.lengths.sum())
+    assert 0 < int(gated.mixed.sum()) < int(gated.lengths.sum())
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("strategy", ["neighbor", "topk-gumbel", "orthogonal_noise"])
+def test_replay_only_rollouts_are_plain_rollouts_token_for_token(models, strategy):
+    """--mix-feed replay-only feeds E[y]: the same tokens and log-probs as --explore none with the same seed
+    (the strategy's coin, Gumbel and noise draws are streams of their own), whatever it records."""
+    _, ours = models
+    sampling = Sampling(temperature=0.9, max_new_tokens=20, stop_ids=STOPS)
+    plain = generate(ours, MORE_PROMPTS, sampling, Exploration("none"), seed=14, slots=3)
+    exploration = Exploration(strategy, mix_rate=0.5, top_k=3, feed="replay-only")
+    recorded = generate(ours, MORE_PROMPTS, sampling, exploration, neighbor_table=ring_table(V, 1), seed=14,
+                        slots=3)
+    assert recorded.mixed.any()
+    assert recorded.responses() == plain.responses() and torch.equal(recorded.finished, plain.finished)
+    assert torch.equal(recorded.logprobs, plain.logprobs)
+
+
+@torch.no_grad()
+def test_replay_only_records_the_mixtures_the_sampler_mode_feeds(models):
+    """The record at a mixed step is the N-GRPO mixture of that step's distribution, recomputed here from
+    transformers' logits over the plain tokens (what replay-only fed); the mixed steps are those of the
+    sampler mode with the same seed (a coin depends on the row and the position only)."""
+    hf, ours = models
+    tau, table = 0.8, ring_table(V, 2)
+    sampling = Sampling(temperature=tau, max_new_tokens=16)  # no stop ids: every row runs 16 steps
+    fed_mode = Exploration("neighbor", mix_rate=0.4, num_neighbors=2)
+    fed = generate(ours, PROMPTS, sampling, fed_mode, neighbor_table=table, seed=15)
+    recorded = generate(ours, PROMPTS, sampling, replace(fed_mode, feed="replay-only"), neighbor_table=table,
+                        seed=15)
+    assert torch.equal(recorded.mixed, fed.mixed) and recorded.mixed.any()
+    assert not torch.equal(recorded.response_ids, fed.response_ids)  # feeding the mixtures changed the tokens
+    for row, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([prompt + recorded.responses()[row]])
+        p = (hf(ids).logits[0, len(prompt) - 1 : -1] / tau).softmax(-1)  # [16, V]: each response token's
+        for t in recorded.mixed[row].nonzero()[:, 0].tolist():
+            anchor = int(p[t].argmax())
+            cand = [anchor, (anchor + 1) % V, (anchor + 2) % V]  # ring_table's neighbors
+            assert recorded.cand_ids[row, t].tolist() == cand
+            assert torch.allclose(recorded.cand_weights[row, t], (p[t, cand] / tau).softmax(-1), atol=1e-5)
