@@ -28,10 +28,10 @@ def tiny(tmp_path, **overrides):
     return replace(preset("tiny"), **{**base, **overrides})
 
 
-# The demo gains >= 10 points in 80 steps from either warm start; the tests ask for half of that in fewer
-# steps, so that another CPU's rounding (another trajectory) cannot fail them while a loss that does not learn
-# does.
-LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN = 60, 10, 0.05
+# The demo's 120 steps gain +15 to +30 points from these warm starts (BENCHMARKS.md; at step 80: +14.5 to
+# +26); the tests ask for 5 in 80 steps, so that another CPU's rounding (another trajectory) cannot fail them
+# while a loss that does not learn does.
+LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN = 80, 10, 0.05
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["seed0", "seed1"])
