@@ -462,7 +462,7 @@ def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg,
     episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg, world, on_policy=on_policy)
     per_step, skipped = optimize(policy, optimizer, episodes, cfg, world)
     result = {key: sum(values) / len(values) for key, values in per_step.items()}
-    if logp_gap is not None:
+    if logp_gap is not None and result:  # empty when every mini-batch was skipped, which train.py counts
         result["logp_gap_mean"] = float(logp_gap.mean()) if logp_gap.numel() else 0.0
         result["logp_gap_max"] = float(logp_gap.max()) if logp_gap.numel() else 0.0
     return result, skipped
