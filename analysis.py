@@ -6,6 +6,7 @@
 Diversity (cheap, no model calls; for metrics.jsonl every step; README "Is it better?" defines each key):
     group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., ...}
     mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
+    mixture_closeness(same arguments)  -> (mean ||e_mixed - E[y]|| / ||E[y]||, mean cos), one pass
 
 Uncertainty (a bootstrap over problems, percentile intervals, RESAMPLES draws from a seeded generator):
     intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
@@ -123,8 +124,16 @@ def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: i
 def mixture_cosine(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
                    response_ids: torch.Tensor, mixed: torch.Tensor, *, chunk: int = 4096) -> float | None:
     """Mean cosine similarity between the fed mixture sum_k w_k E[c_k] and E[y] over the mixed steps (the
-    paper's Appendix E reports 0.9985); None when no step was mixed. Chunked: a step's mixed positions
-    times K times d would not fit in memory at once.
+    paper's Appendix E reports 0.9985); None when no step was mixed. See mixture_closeness."""
+    closeness = mixture_closeness(embed_weight, cand_ids, cand_weights, response_ids, mixed, chunk=chunk)
+    return None if closeness is None else closeness[1]
+
+
+def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
+                      response_ids: torch.Tensor, mixed: torch.Tensor, *,
+                      chunk: int = 4096) -> tuple[float, float] | None:
+    """(mean ||e_mixed - E[y]|| / ||E[y]||, mean cos(e_mixed, E[y])) over the mixed steps, in one pass; None
+    when no step was mixed. Chunked: a step's mixed positions times K times d would not fit in memory at once.
 
     embed_weight [V, d]; cand_ids, cand_weights [N, T, K]; response_ids [N, T]; mixed [N, T] bool."""
     from ngrpo import mixed_embeddings
@@ -133,14 +142,15 @@ def mixture_cosine(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weig
     if where[0].numel() == 0:
         return None
     ids, weights, actions = cand_ids[where], cand_weights[where], response_ids[where]  # [M, K], [M, K], [M]
-    total = 0.0
+    distance, cosine = 0.0, 0.0
     with torch.no_grad():
         for start in range(0, len(actions), chunk):
             part = slice(start, start + chunk)
             fed = mixed_embeddings(embed_weight, ids[part], weights[part]).float()  # [m, d]
             own = embed_weight[actions[part]].float()  # [m, d]
-            total += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
-    return total / len(actions)
+            distance += float(((fed - own).norm(dim=-1) / own.norm(dim=-1).clamp_min(1e-12)).sum())
+            cosine += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
+    return distance / len(actions), cosine / len(actions)
 
 
 # ----------------------------------------------------------------------------- bootstrap over problems

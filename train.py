@@ -26,13 +26,13 @@ from tqdm import tqdm
 
 import distributed
 import eval as evaluation
-from analysis import group_diversity, mixture_cosine
+from analysis import group_diversity, mixture_closeness
 from config import RUN_CONTROL_FIELDS, Config, parse_config
 from data import (DataError, PromptBatcher, describe_load_error, load_problems, load_tokenizer, pad_id_of,
                   tokenize_problems)
 from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
 from neighbors import table_for
-from ngrpo import autocast, keep_groups, mixed_embeddings, overlong_penalty, scheduled_lr, token_logprobs, update
+from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
 from reward import RewardPool, extract_answer
 from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate
 from tracking import Tracker
@@ -264,6 +264,8 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
     cfg, rollout = r.cfg, groups.rollout
     per_group = groups.scores.view(-1, cfg.group_size)
     num_tokens = int(rollout.lengths.sum())
+    closeness = mixture_closeness(r.sampler.embed_tokens.weight, rollout.cand_ids, rollout.cand_weights,
+                                  rollout.response_ids, rollout.mixed)  # None when no step was mixed
     metrics = {
         "step": step, "reward_mean": float(groups.rewards.mean()), "accuracy": float(groups.scores.mean()),
         "zero_variance_groups": float((per_group.max(1).values == per_group.min(1).values).float().mean()),
@@ -271,7 +273,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "truncated_frac": float((~rollout.finished).float().mean()),
         **result,
         "lr": r.optimizer.param_groups[0]["lr"], "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
-        "mix_distance": mixing_distance(r.sampler.embed_tokens.weight, rollout),
+        "mix_distance": 0.0 if closeness is None else closeness[0],
         "logp_gap_mean": result.get("logp_gap_mean", 0.0), "logp_gap_max": result.get("logp_gap_max", 0.0),
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
         # How different a group's responses are (README, "Is it better?"): answers compared by our checker,
@@ -282,10 +284,8 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "rollout_tokens_per_s": num_tokens / groups.rollout_s,
         "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
     }
-    cosine = mixture_cosine(r.sampler.embed_tokens.weight, rollout.cand_ids, rollout.cand_weights,
-                            rollout.response_ids, rollout.mixed)
-    if cosine is not None:  # mixed steps only: cos(fed mixture, E[y]); the paper reports 0.9985
-        metrics["mix_cosine"] = cosine
+    if closeness is not None:  # mixed steps only: cos(fed mixture, E[y]); the paper reports 0.9985
+        metrics["mix_cosine"] = closeness[1]
     # Each knob of the GRPO family logs what it did, only when it is on.
     trained_rows = len(groups.trained.prompts)
     if cfg.filter_groups != "none":
@@ -301,16 +301,6 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
                                                                   cfg.overlong_buffer,
                                                                   cfg.overlong_penalty_factor).mean())
     return metrics
-
-
-def mixing_distance(embed_weight, rollout) -> float:
-    """Mean ||e_mixed - E[y]|| / ||E[y]|| over the mixed steps (0 when none was mixed)."""
-    if not bool(rollout.mixed.any()):
-        return 0.0
-    with torch.no_grad():
-        mixed = mixed_embeddings(embed_weight, rollout.cand_ids[rollout.mixed], rollout.cand_weights[rollout.mixed])
-        own = embed_weight[rollout.response_ids[rollout.mixed]]
-        return float(((mixed.float() - own.float()).norm(dim=-1) / own.float().norm(dim=-1).clamp_min(1e-12)).mean())
 
 
 def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
