@@ -345,7 +345,11 @@ PRESETS: dict[str, dict] = {
     # its greedy accuracy on 200 held-out problems. Counts up to 5 keep the distinct sums and differences few
     # (40), so RL meets each many times; 32 prompts x 4 responses and one on-policy update per step; prompts
     # without the R1 instruction (~90 byte tokens instead of ~150) make each step about half as costly.
+    # Rollouts at temperature 0.7: at 1.0 the tiny model's samples carry stray tokens, so a group's rewards
+    # say more about its sampling noise than about the errors of its greedy answer, and slow seeds gained
+    # half as much (BENCHMARKS.md, "The demo, fourth recipe").
     "demo": dict(_SMALL, out_dir="runs/demo", overwrite=True, data="arith:max_count=5", instruction="",
+                 temperature=0.7,
                  sft_steps=600, sft_lr=3e-3, sft_target_accuracy=0.6, sft_eval_every=5, group_size=4,
                  prompts_per_step=32, mini_batch_prompts=32, micro_batch_size=128, max_steps=120,
                  eval_problems=200, eval_every=20, log_completions_every=20),

@@ -28,9 +28,9 @@ def tiny(tmp_path, **overrides):
     return replace(preset("tiny"), **{**base, **overrides})
 
 
-# The demo's 120 steps gain +15 to +30 points from these warm starts (BENCHMARKS.md; at step 80: +14.5 to
-# +26); the tests ask for 5 in 80 steps, so that another CPU's rounding (another trajectory) cannot fail them
-# while a loss that does not learn does.
+# The demo's 120 steps gain +22 to +50 points from these warm starts (BENCHMARKS.md, "The demo, fourth
+# recipe"; at step 80: +21 and more); the tests ask for 5 in 80 steps, so that another CPU's rounding (another
+# trajectory) cannot fail them while a loss that does not learn does.
 LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN = 80, 10, 0.05
 
 
