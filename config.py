@@ -347,6 +347,7 @@ PRESETS: dict[str, dict] = {
     # (40), so RL meets each many times; 32 prompts x 4 responses and one on-policy update per step; prompts
     # without the R1 instruction (~90 byte tokens instead of ~150) make each step about half as costly.
     "demo": dict(_SMALL, out_dir="runs/demo", overwrite=True, data="arith:max_count=5", instruction="",
+                 temperature=0.7,
                  sft_steps=600, sft_lr=3e-3, sft_target_accuracy=0.6, sft_eval_every=5, group_size=4,
                  prompts_per_step=32, mini_batch_prompts=32, micro_batch_size=128, max_steps=120,
                  eval_problems=200, eval_every=20, log_completions_every=20),
