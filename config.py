@@ -32,8 +32,9 @@ class Config:
                        "'arith' (options as arith:difficulty=2,n=2000)")
     data_split: str = option("train", "split to read from a hub dataset")
     max_prompt_tokens: int = option(4096, "prompts longer than this are dropped (and counted) when the data is loaded")
-    instruction: str = option(MATH_INSTRUCTION, "appended to each training and held-out math problem in its user "
-                              "turn (the paper's R1 prompt; '' = the problem alone)")
+    instruction: str = option(MATH_INSTRUCTION, "appended to each math problem in its user turn: train.py's "
+                              "training, held-out and validation prompts, eval.py's math benchmarks (the paper's "
+                              "R1 prompt; '' = the problem alone)")
     max_new_tokens: int = option(8192, "maximum response length in tokens; longer responses are truncated")
 
     # --- rollouts

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -76,11 +77,28 @@ def load_benchmarks(specs: str, limit: int | None, *, flag: str) -> list[tuple[s
     return benchmarks
 
 
-def render_prompts(benchmarks, tokenizer) -> list[tuple[str, list[dict], str]]:
-    """The benchmarks with each problem's prompt_ids (the math prompt, or GPQA's for multiple choice)."""
-    return [(name, data.tokenize_problems(problems, tokenizer, max_prompt_tokens=10**9,
-                                          style="gpqa" if kind == "choice" else "math")[0], kind)
+def render_prompts(benchmarks, tokenizer, instruction: str) -> list[tuple[str, list[dict], str]]:
+    """The benchmarks with each problem's prompt_ids: the math prompt with `instruction` ('' = the problem
+    alone), or GPQA's own prompt for multiple choice."""
+    return [(name, data.tokenize_problems(problems, tokenizer, style="gpqa" if kind == "choice" else "math",
+                                          instruction=instruction, max_prompt_tokens=10**9)[0], kind)
             for name, problems, kind in benchmarks]
+
+
+def training_instruction_warning(model: str, instruction: str) -> str | None:
+    """A warning when --model is a checkpoint of train.py (its training config, config.json.run, beside the
+    weights) whose math prompts had another instruction than this evaluation's. The evaluation keeps its
+    own --instruction: the same flags give the same prompts to every model of a comparison."""
+    run_config = Path(model).expanduser() / "config.json.run"
+    try:
+        trained = json.loads(run_config.read_text()).get("instruction", data.MATH_INSTRUCTION)
+    except (OSError, ValueError, AttributeError):  # no training config (a hub id, 'tiny'), or not one we read
+        return None
+    if trained == instruction:
+        return None
+    return (f"warning: {model} was trained with --instruction {trained!r} ({run_config.name}), this "
+            f"evaluation uses {instruction!r}; pass --instruction {shlex.quote(trained)} to evaluate on the "
+            "prompts it learned on")
 
 
 def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
@@ -239,16 +257,21 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
 
 # The Config fields eval.py shares with train.py (same flags, same help, same validation), and the
 # defaults of the paper's evaluation protocol where they differ from training's.
-EVAL_FIELDS = ("model", "tokenizer", "max_new_tokens", "temperature", "top_p", "top_k", "explore", "mix_rate",
-               "mix_entropy_threshold", "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric",
-               "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "seed", "out_dir", "resume", "overwrite",
-               "device", "dist_timeout_s", "grader", "reward", "require_boxed")
+EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k",
+               "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
+               "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
+               "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader",
+               "reward", "require_boxed")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
-RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "n", "max_new_tokens", "temperature", "top_p",
-                   "top_k", "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
-                   "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
-                   "noise_sigma", "seed", "grader", "reward", "require_boxed")
+RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "instruction", "n", "max_new_tokens",
+                   "temperature", "top_p", "top_k", "explore", "mix_rate", "mix_entropy_threshold",
+                   "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
+                   "soft_top_k", "mix_temperature", "noise_sigma", "seed", "grader", "reward",
+                   "require_boxed")
+# What an out-dir written before a setting was recorded was made with: eval.py then always used the paper's
+# instruction.
+UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -297,7 +320,7 @@ def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: boo
         raise data.DataError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
     saved_path, samples = out_dir / "settings.json", out_dir / "samples.jsonl"
     if resume and saved_path.exists():
-        saved = json.loads(saved_path.read_text())
+        saved = {**UNRECORDED_SETTINGS, **json.loads(saved_path.read_text())}
         changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {v!r}" for k, v in settings.items()
                    if saved.get(k) != v]
         if changed:
@@ -337,6 +360,9 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         settings = settings_of(args, cfg)
         if world.is_main:
             claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
+            warning = training_instruction_warning(cfg.model, cfg.instruction)
+            if warning:
+                print(warning, file=sys.stderr)
         distributed.barrier(world)
         benchmarks = load_benchmarks(args.benchmarks, args.limit, flag="--benchmarks")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -348,7 +374,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         exploration = exploration_from_config(cfg, tokenizer)
     except (data.DataError, ValueError) as error:
         sys.exit(f"error: {error}")
-    prompted = render_prompts(benchmarks, tokenizer)
+    prompted = render_prompts(benchmarks, tokenizer, cfg.instruction)
     table = None
     if cfg.explore == "neighbor" and world.is_main:  # built once, on rank 0, and shared
         from neighbors import table_for

@@ -18,6 +18,9 @@ only needs the command lines, so it works for any flags the two accept. A sweep 
               {"name": "base model", "model": "tiny"}]}   # "model": evaluated as it is, no training
 
 A run's "evals" maps table rows to eval.py flag overrides (default: one row named as the run, no overrides).
+An evaluation gets only the flags written for it, none taken from training: a sweep whose training changes
+the prompt (the demo preset's `instruction: ""`) says so in "eval" too (`"instruction": ""`, passed as
+`--instruction ''`), and eval.py warns in eval.log when a checkpoint was trained on another instruction.
 Outputs: OUT/<run>/seed-<s>/ (train.py's --out-dir, train.log), OUT/<run>/seed-<s>/eval-<row>/ (eval.py's
 --out-dir, eval.log). A finished step (summary.json / results.json present) is skipped; an interrupted one
 continues with --resume; a directory holding a run of other flags is an error. The table's value is the mean
@@ -30,6 +33,7 @@ import csv
 import io
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -156,7 +160,7 @@ def run_step(command: list[str], out_dir: Path, done_file: str, log_name: str, r
     out_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(recorded) + "\n")
     with (out_dir / log_name).open("a") as log:
-        log.write(f"$ {' '.join(command + resume)}\n")
+        log.write(f"$ {shlex.join(command + resume)}\n")
         log.flush()
         status = subprocess.run(command + resume, stdout=log, stderr=subprocess.STDOUT).returncode
     if status != 0:
@@ -187,7 +191,7 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
                 command = command[:2] + ["--model", model] + command[2:]
             label = f"[{count}/{total}] {job['run']} seed {job['seed']}: {what}"
             if dry_run:
-                print(f"{label}\n  {' '.join(command[1:])}")
+                print(f"{label}\n  {shlex.join(command[1:])}")  # quoted: an empty value shows as ''
                 continue
             start = time.perf_counter()
             ran = run_step(command, step_dir, done_file, log_name, resume_when)

@@ -596,7 +596,8 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     if cfg.val_data:
         try:
             val_sets = evaluation.render_prompts(evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None,
-                                                                            flag="--val-data"), tokenizer)
+                                                                            flag="--val-data"), tokenizer,
+                                                 cfg.instruction)
         except DataError as error:
             raise RunError(str(error)) from None
     check_memory(cfg, policy, device, max(len(p["prompt_ids"]) for p in problems), world)

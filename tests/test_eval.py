@@ -1,5 +1,5 @@
 """eval.py: the Pass@k estimator on its whole grid, results on the real benchmark files against hand counts,
-resume after an interruption, and the offline CLI run on the tiny model."""
+resume after an interruption, the offline CLI run on the tiny model, and the prompts --instruction makes."""
 
 import itertools
 import json
@@ -239,3 +239,79 @@ def test_cli_runs_offline_on_the_tiny_model(shared_data, tmp_path):
     assert (results["math500"]["n"], results["math500"]["problems"]) == (4, 6)
     assert len((out / "samples.jsonl").read_text().splitlines()) == 24
     assert "math500" in finished.stdout and "pass@4" in finished.stdout
+
+
+# ----------------------------------------------------------------------------- --instruction
+
+PAPER_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+
+def prompts_seen(argv, monkeypatch) -> set[tuple[int, ...]]:
+    """Runs eval.py's main(argv) on the real sampler and returns the prompts it was given."""
+    seen, real_sampler_fn = set(), E.sampler_fn
+
+    def recording_sampler_fn(*args, **kwargs):
+        generate_fn = real_sampler_fn(*args, **kwargs)
+
+        def recording(prompts, seed, row_keys):
+            seen.update(map(tuple, prompts))
+            return generate_fn(prompts, seed, row_keys)
+
+        return recording
+
+    monkeypatch.setattr(E, "sampler_fn", recording_sampler_fn)
+    E.main(argv)
+    return seen
+
+
+def test_instruction_sets_the_math_prompt_and_leaves_gpqas(tmp_path, monkeypatch):
+    math_file, gpqa_file = tmp_path / "sums.jsonl", tmp_path / "mini_gpqa.jsonl"
+    math_file.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                                 for i in range(3)))
+    gpqa_file.write_text(json.dumps({"problem": "Which is a noble gas?\nA) N\nB) Ne\nC) Na\nD) Ni",
+                                     "answer": "B"}) + "\n")
+    tokenizer = data.tiny_tokenizer()
+
+    def user_turn(text):  # R1-Distill's chat template, written out by hand
+        return tuple(tokenizer(f"{data.BOS}{data.USER}{text}{data.ASSISTANT}{data.THINK}\n",
+                               add_special_tokens=False)["input_ids"])
+
+    gpqa = user_turn("Which is a noble gas?\nA) N\nB) Ne\nC) Na\nD) Ni\n\nLet's think step by step and output "
+                     "the final answer in the last line as:\nAnswer: <A/B/C/D>")
+    for index, (flags, instruction) in enumerate([([], PAPER_INSTRUCTION), (["--instruction", ""], "")]):
+        out = tmp_path / f"out-{index}"
+        argv = ["--model", "tiny", "--benchmarks", f"{math_file},{gpqa_file}", "--n", "1", "--max-new-tokens", "2",
+                "--out-dir", str(out), *flags]
+        after_problem = f" {instruction}" if instruction else ""  # the evaluation keeps the final period
+        expected = {user_turn(f"What is {i} + {i}?{after_problem}") for i in range(3)} | {gpqa}
+        assert prompts_seen(argv, monkeypatch) == expected
+        assert json.loads((out / "settings.json").read_text())["instruction"] == instruction
+
+
+def test_a_resume_under_another_instruction_is_refused_also_from_before_it_was_recorded(tmp_path):
+    settings = {"model": "tiny", "n": 2, "instruction": PAPER_INSTRUCTION}
+    (tmp_path / "samples.jsonl").write_text("")
+    (tmp_path / "settings.json").write_text(json.dumps({"model": "tiny", "n": 2}))  # eval.py before --instruction
+    E.claim_out_dir(tmp_path, settings, resume=True, overwrite=False)  # made with the paper's: resumes
+    with pytest.raises(data.DataError, match=r"--instruction \"Let's think .*\" -> ''"):
+        E.claim_out_dir(tmp_path, {**settings, "instruction": ""}, resume=True, overwrite=False)
+    (tmp_path / "settings.json").write_text(json.dumps({**settings, "instruction": ""}))
+    with pytest.raises(data.DataError, match=r"--instruction '' -> \"Let's think"):
+        E.claim_out_dir(tmp_path, settings, resume=True, overwrite=False)
+
+
+def test_a_checkpoint_trained_on_another_instruction_gets_a_one_line_warning(tmp_path, capsys):
+    import config
+    import model as M
+
+    checkpoint = tmp_path / "step-30"
+    M.save_model(M.random_model(M.TINY_CONFIG), checkpoint, data.tiny_tokenizer())
+    config.preset("demo").save_json(checkpoint / "config.json.run")  # as train.py leaves it: instruction ''
+    bench = tmp_path / "b.jsonl"
+    bench.write_text(json.dumps({"problem": "1 + 1?", "answer": "2"}) + "\n")
+    E.main(["--model", str(checkpoint), "--benchmarks", str(bench), "--n", "1", "--max-new-tokens", "2",
+            "--out-dir", str(tmp_path / "out")])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "--instruction ''" in warnings[0] and str(checkpoint) in warnings[0]
+    assert E.training_instruction_warning(str(checkpoint), "") is None
+    assert E.training_instruction_warning("tiny", PAPER_INSTRUCTION) is None  # no training config: no warning

@@ -136,3 +136,19 @@ def test_each_evaluation_gets_its_model_and_flags(tmp_path, monkeypatch):
     assert calls[1][1:3] == ["--model", str(checkpoint.parent / "step-12")] and "--explore" not in calls[1]
     assert calls[2][calls[2].index("--explore") + 1] == "neighbor"
     assert calls[3][1:5] == ["--model", "tiny", "--n", "4"]
+
+
+def test_the_demo_sweep_evaluates_the_prompts_and_problems_the_demo_trains_on(tmp_path):
+    import data
+
+    sweep = X.load_sweep(ROOT / "sweeps" / "demo-tiny.json")
+    demo = config.preset(sweep["preset"])
+    held_out = data.load_problems(demo.data, split="test")  # the problems the demo holds out of training
+    for job in X.plan(sweep, tmp_path):
+        for evaluation in job["evals"]:
+            command = evaluation["command"]
+            assert command[command.index("--instruction") + 1] == "" == demo.instruction
+            args, cfg = E.parse_args(["--model", "tiny", *command[2:]])  # what eval.py makes of the command
+            assert cfg.instruction == ""
+            problems = [json.loads(line) for line in Path(args.benchmarks).read_text().splitlines()]
+            assert problems == held_out[:200]

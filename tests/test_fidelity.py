@@ -110,13 +110,17 @@ def val_file(tmp_path) -> Path:
     return path
 
 
-def test_validation_equals_eval_py_on_the_same_model_and_seeds(tmp_path, val_file):
+@pytest.mark.parametrize("instruction", [None, ""], ids=["paper-instruction", "bare-problem"])
+def test_validation_equals_eval_py_on_the_same_model_and_seeds(tmp_path, val_file, instruction):
     cfg = replace(preset("tiny"), out_dir=str(tmp_path / "run"), max_steps=1, prompts_per_step=4,
                   mini_batch_prompts=4, max_new_tokens=8, val_data=str(val_file), val_n=2, val_before_train=True,
                   rollout_batch_size=4)
+    if instruction is not None:
+        cfg = replace(cfg, instruction=instruction)
     summary = train.run(cfg)
+    instruction_flag = [] if instruction is None else ["--instruction", instruction]
     results = E.main(["--model", "tiny", "--benchmarks", str(val_file), "--n", "2", "--max-new-tokens", "8",
-                      "--batch-size", "4", "--out-dir", str(tmp_path / "eval")])
+                      "--batch-size", "4", "--out-dir", str(tmp_path / "eval"), *instruction_flag])
     expected = {f"val/{name}/{key}": value for name, row in results.items() for key, value in row.items()
                 if key.startswith(("mean@", "pass@"))}
     assert summary["val_before"] == expected

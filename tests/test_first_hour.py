@@ -205,7 +205,8 @@ def test_eval_records_its_settings_and_refuses_to_mix_two_evaluations(tmp_path, 
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 6 and {s["reference"] for s in samples} == {"0", "2", "4"}
     before = snapshot(out)
-    for changed, named in ((["--max-new-tokens", "16"], "--max-new-tokens 4 -> 16"), (["--n", "4"], "--n 2 -> 4")):
+    for changed, named in ((["--max-new-tokens", "16"], "--max-new-tokens 4 -> 16"), (["--n", "4"], "--n 2 -> 4"),
+                           (["--instruction", ""], "--instruction \"Let's think step by step")):
         message = error_line(E.main, [*eval_args(bench_file, out), *changed, "--resume"], capsys)
         assert named in message
     assert "--resume" in error_line(E.main, eval_args(bench_file, out), capsys)  # no silent overwrite
