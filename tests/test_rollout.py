@@ -269,6 +269,20 @@ def test_rows_stop_at_their_stop_token_and_the_loop_exits_early(models):
     assert rollout.response_ids.shape[1] == int(rollout.lengths.max())
 
 
+def test_on_a_cpu_the_loop_ends_with_its_last_row(models, monkeypatch):
+    """No decode step after the longest row has ended (the host syncs every step once no row waits), where
+    syncs every SYNC_EVERY steps would run on to the next multiple of it."""
+    _, ours = models
+    greedy = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30))
+    stops = tuple({response[4] for response in greedy.responses()})  # every row ends by its 5th token
+    steps, real_step = [], rollout.DecodeStep.__call__
+    monkeypatch.setattr(rollout.DecodeStep, "__call__",
+                        lambda self, *args, **kwargs: steps.append(1) or real_step(self, *args, **kwargs))
+    stopped = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30, stop_ids=stops))
+    longest = int(stopped.lengths.max())
+    assert bool(stopped.finished.all()) and longest < rollout.SYNC_EVERY and len(steps) == longest
+
+
 def test_neighbor_strategy_without_a_table_is_a_clear_error(models):
     with pytest.raises(ValueError, match="neighbor_table"):
         generate(models[1], PROMPTS, Sampling(), Exploration("neighbor"))
