@@ -15,10 +15,11 @@ strategy is one function (EXPLORERS), the release's others (`topk`, `topk-gumbel
 
 The engine: `slots` rows decode at once, each at its own position in its own slot of the KV cache (no
 left padding); per-row state (position, finished, mixing stopped) lives in tensors. Every SYNC_EVERY steps
-the loop syncs with the host once: rows that ended leave their slots and waiting rows are prefilled into
-them (continuous refill). A step attends over the cache window its rows have written (a power of two the
-host knows without asking the device), not over the whole cache. Every random draw is a hash of (seed,
-row key, position), so a row's response does not depend on its slot, its batch-mates or the refill order.
+(on a CPU, once no row waits, every step) the loop syncs with the host once: rows that ended leave their
+slots and waiting rows are prefilled into them (continuous refill). A step attends over the cache window
+its rows have written (a power of two the host knows without asking the device), not over the whole cache.
+Every random draw is a hash of (seed, row key, position), so a row's response does not depend on its slot,
+its batch-mates or the refill order.
 
     rollout = generate(model, prompts, Sampling(max_new_tokens=512, stop_ids=(eos,)),
                        Exploration("neighbor", mix_rate=0.1, stop_mixing_id=think_end),
@@ -555,10 +556,10 @@ class Schedule:
         a sync is cheap and no row waits, 1: the loop then ends with its last row, not up to SYNC_EVERY - 1
         wasted steps later (a fifth of a greedy check's decode steps in the demo); while rows wait, rows
         freed within SYNC_EVERY steps are prefilled together (one prefill per freed row costs more)."""
-        left = max(self.max_new_tokens - (self.step - since) for row, since in zip(self.rows, self.since)
-                   if row is not None)
         if self.cheap_sync and not self.waiting:
             return 1
+        left = max(self.max_new_tokens - (self.step - since) for row, since in zip(self.rows, self.since)
+                   if row is not None)
         return max(1, min(SYNC_EVERY, left))
 
     def window(self, max_len: int) -> int:
@@ -709,8 +710,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     sampler = Sampler(sampling, exploration, model.embed_tokens.weight, cand_table, seed, keys, cache.max_len)
     record = Record.empty(N, T_max, exploration.num_candidates, sampling.pad_id, device)
     state = Slots.empty(S, N, device)
-    schedule = Schedule(list(map(len, prompts)), S, T_max, refill,
-                        cheap_sync=device.type == "cpu")
+    schedule = Schedule(list(map(len, prompts)), S, T_max, refill, cheap_sync=device.type == "cpu")
     step = DecodeStep(model, cache, cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
     logits = torch.zeros(S, model.cfg.vocab_size, device=device)
     bar = tqdm(total=N, desc="rollout", unit="row", leave=False, delay=2, file=sys.stderr,
