@@ -402,9 +402,11 @@ def response_cases(problems: list[dict], rng: random.Random, chars: int, every: 
             for answer, expected in ((reference, True), (wrong, False)):
                 cases.append((kind, long_response(solution, template.format(A=answer), rng, padding, chars),
                               reference, expected))
-        think = f"<think>\nSo it is $\\boxed{{{wrong}}}$. Wait, let me recheck.\n</think>\n\nThe answer is ${reference}$."
+        think = (f"<think>\nSo it is $\\boxed{{{wrong}}}$. Wait, let me recheck.\n</think>\n\n"
+                 f"The answer is ${reference}$.")
         cases.append(("response: box in <think>, final statement after", think, reference, True))
-        think = f"<think>\nSo it is $\\boxed{{{reference}}}$. Wait, let me recheck.\n</think>\n\nThe answer is ${wrong}$."
+        think = (f"<think>\nSo it is $\\boxed{{{reference}}}$. Wait, let me recheck.\n</think>\n\n"
+                 f"The answer is ${wrong}$.")
         cases.append(("response: box in <think>, final statement after", think, reference, False))
     return cases
 

@@ -365,8 +365,8 @@ def preset(name: str) -> Config:
 
 
 # First field of each section of --help -> the section's title.
-SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts", "explore": "exploration (README.md, 'The algorithm')",
-            "grader": "reward",
+SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
+            "explore": "exploration (README.md, 'The algorithm')", "grader": "reward",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
             "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
 

@@ -180,7 +180,8 @@ def read_problem_file(path: Path) -> list[dict]:
         except ImportError:
             raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
         rows = pq.read_table(path).to_pylist()
-        return [normalise_record(row, f"{path}: row {i + 1}", default_id=f"{path.stem}-{i}") for i, row in enumerate(rows)]
+        return [normalise_record(row, f"{path}: row {i + 1}", default_id=f"{path.stem}-{i}")
+                for i, row in enumerate(rows)]
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:

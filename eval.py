@@ -62,7 +62,8 @@ def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
         raise data.DataError("gpqa_diamond is gated on the hub: pass the path of a local copy "
                              "(e.g. ../shared/data/eval/gpqa_diamond.jsonl)")
     else:
-        raise data.DataError(f"unknown benchmark {spec!r}: use one of {', '.join(HUB_BENCHMARKS)} or a .jsonl/.json path")
+        raise data.DataError(f"unknown benchmark {spec!r}: use one of {', '.join(HUB_BENCHMARKS)} "
+                             "or a .jsonl/.json path")
     return name, problems, "choice" if "gpqa" in name.lower() else "math"
 
 
@@ -250,7 +251,8 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
     if model.embed_tokens.weight.device.type != "cuda":
         return min(16, num_items)
     cfg = model.cfg
-    bytes_per_seq = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_len * model.embed_tokens.weight.element_size()
+    element_bytes = model.embed_tokens.weight.element_size()
+    bytes_per_seq = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_len * element_bytes
     free, _ = torch.cuda.mem_get_info()
     return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))
 

@@ -39,6 +39,7 @@ from draws import COIN, GUMBEL, NOISE, TOKEN, RowDraws, normal_from_keys
 from model import KVCache
 from ngrpo import length_mask, mixed_embeddings
 
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 1.0  # 0 = greedy (log-probs then at temperature 1)

@@ -28,8 +28,15 @@ import distributed
 import eval as evaluation
 from analysis import group_diversity, mixture_closeness
 from config import RUN_CONTROL_FIELDS, Config, parse_config
-from data import (DataError, PromptBatcher, describe_load_error, load_problems, load_tokenizer, pad_id_of,
-                  tokenize_problems)
+from data import (
+    DataError,
+    PromptBatcher,
+    describe_load_error,
+    load_problems,
+    load_tokenizer,
+    pad_id_of,
+    tokenize_problems,
+)
 from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
@@ -413,7 +420,8 @@ def finish(r: Run, metrics_path: Path | None) -> dict:
         line += f", reward {r.summary['reward_first']:.3f} (step 1) -> {r.summary['final_reward_mean']:.3f} (last 5)"
     if "accuracy_after" in r.summary:
         before = r.summary.get("accuracy_before")
-        gain = "" if before is None else f" (before: {before:.3f}, {100 * (r.summary['accuracy_after'] - before):+.1f} points)"
+        gain_points = None if before is None else 100 * (r.summary["accuracy_after"] - before)
+        gain = "" if before is None else f" (before: {before:.3f}, {gain_points:+.1f} points)"
         print(f"held-out accuracy after RL: {r.summary['accuracy_after']:.3f}{gain}")
     print(f"{line}; outputs in {r.out_dir}")
     return distributed.broadcast_object(r.summary, r.world)
@@ -714,8 +722,9 @@ def save_checkpoint(r: Run, step: int) -> None:
     optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
     if r.world.is_main:
         torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-                    "neighbor_table": r.table, "world_size": r.world.size}, tmp / "trainer_state.pt")
+        torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
+                   tmp / "trainer_state.pt")
         r.cfg.save_json(tmp / "config.json.run")
         os.replace(tmp, root / f"step-{step}")
         for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:

@@ -126,7 +126,8 @@ def fake_hub(monkeypatch, tmp_path):
 
 def test_hub_dataset_id_is_downloaded_and_read(shared_data, fake_hub):
     root, calls = fake_hub
-    rows = [json.loads(line) for line in (shared_data / "train" / "deepscaler_partial_803.jsonl").read_text().splitlines()]
+    lines = (shared_data / "train" / "deepscaler_partial_803.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
     (root / "deepscaler.json").write_text(json.dumps(rows))  # DeepScaleR's layout: one JSON list
     problems = data.load_problems("agentica-org/DeepScaleR-Preview-Dataset")
     assert calls == [("agentica-org/DeepScaleR-Preview-Dataset", "dataset")]

@@ -231,7 +231,8 @@ def test_unknown_benchmark_and_gated_gpqa_are_clear_errors():
 
 def test_cli_runs_offline_on_the_tiny_model(shared_data, tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "eval.py", "--model", "tiny", "--benchmarks", str(shared_data / "eval" / "math500.jsonl"),
+    math500 = str(shared_data / "eval" / "math500.jsonl")
+    command = [sys.executable, "eval.py", "--model", "tiny", "--benchmarks", math500,
                "--limit", "6", "--n", "4", "--max-new-tokens", "16", "--out-dir", str(out), "--device", "cpu"]
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr

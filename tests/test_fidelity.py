@@ -125,7 +125,8 @@ def test_validation_equals_eval_py_on_the_same_model_and_seeds(tmp_path, val_fil
                 if key.startswith(("mean@", "pass@"))}
     assert summary["val_before"] == expected
     step_0 = tmp_path / "run" / "val" / "step-0"
-    assert json.loads((step_0 / "results.json").read_text()) == json.loads((tmp_path / "eval" / "results.json").read_text())
+    evaluated = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert json.loads((step_0 / "results.json").read_text()) == evaluated
     # The same responses, sample by sample (the random model scores 0, so the numbers alone prove little).
     assert (step_0 / "samples.jsonl").read_text() == (tmp_path / "eval" / "samples.jsonl").read_text()
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -144,5 +145,6 @@ def test_keep_best_keeps_the_weights_of_the_best_step(tmp_path, val_file, monkey
     assert summary["best"]["step"] == 2
     from safetensors.torch import load_file
 
-    kept, step_2 = load_file(best / "model.safetensors"), load_file(tmp_path / "run/checkpoints/step-2/model.safetensors")
+    kept = load_file(best / "model.safetensors")
+    step_2 = load_file(tmp_path / "run/checkpoints/step-2/model.safetensors")
     assert kept.keys() == step_2.keys() and all(torch.equal(kept[k], step_2[k]) for k in kept)

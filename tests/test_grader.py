@@ -349,7 +349,8 @@ def test_math_verify_grader_equals_math_verify_called_directly():
 def test_eval_with_math_verify_matches_math_verify_on_its_samples(shared_data, tmp_path):
     _math_verify()
     out = tmp_path / "out"
-    command = [sys.executable, "eval.py", "--model", "tiny", "--benchmarks", str(shared_data / "eval" / "math500.jsonl"),
+    math500 = str(shared_data / "eval" / "math500.jsonl")
+    command = [sys.executable, "eval.py", "--model", "tiny", "--benchmarks", math500,
                "--limit", "6", "--n", "4", "--max-new-tokens", "16", "--out-dir", str(out), "--device", "cpu",
                "--grader", "math-verify"]
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)

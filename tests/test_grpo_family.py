@@ -145,7 +145,8 @@ def test_overlong_penalty_at_its_boundaries():
 def test_negative_grpo_preset_is_the_papers_recipe_on_top_of_n_grpo_mixing():
     cfg = preset("negative-grpo")
     assert (cfg.adv_estimator, cfg.virtual_max_reward, cfg.virtual_max_count, cfg.clip_low, cfg.clip_high,
-            cfg.filter_groups, cfg.kl_coef, cfg.explore) == ("negative", 1.0, 1, 0.16, 0.24, "all_correct", 0.0, "neighbor")
+            cfg.filter_groups, cfg.kl_coef, cfg.explore) == ("negative", 1.0, 1, 0.16, 0.24, "all_correct", 0.0,
+                                                             "neighbor")
     assert parse_config(["--preset", "negative-grpo", "--explore", "none"]).explore == "none"
 
 

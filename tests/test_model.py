@@ -150,7 +150,8 @@ def test_kv_cache_decode_matches_full_forward(pair, feed):
         if feed == "ids":
             logits = ours(new_ids[:, t : t + 1], attention_mask=step_mask, cache=cache, cache_pos=P + t)
         else:
-            logits = ours(inputs_embeds=new_embeds[:, t : t + 1], attention_mask=step_mask, cache=cache, cache_pos=P + t)
+            logits = ours(inputs_embeds=new_embeds[:, t : t + 1], attention_mask=step_mask, cache=cache,
+                          cache_pos=P + t)
         assert (logits[:, 0] - expected[:, P + t]).abs().max() < TOL
 
 

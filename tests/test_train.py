@@ -217,7 +217,7 @@ def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatc
 
 def test_three_non_finite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
     real = ngrpo.policy_loss
-    monkeypatch.setattr(ngrpo, "policy_loss", lambda *a, **k: (lambda l, m: (l * float("nan"), m))(*real(*a, **k)))
+    monkeypatch.setattr(ngrpo, "policy_loss", lambda *a, **k: (lambda lo, m: (lo * float("nan"), m))(*real(*a, **k)))
     with pytest.raises(SystemExit, match="3 steps in a row had a non-finite loss"):
         train.run(tiny(tmp_path, max_steps=5))
     assert len(read_metrics(tmp_path / "run")) == 3
