@@ -8,8 +8,8 @@ Diversity (cheap, no model calls; for metrics.jsonl every step; README "Is it be
     mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
     mixture_closeness(same arguments)  -> (mean ||e_mixed - E[y]|| / ||E[y]||, mean cos), one pass
 
-Uncertainty (a bootstrap over problems, percentile intervals, RESAMPLES draws from a seeded generator):
-    intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
+Uncertainty (estimators.py's bootstrap over problems: percentile intervals, RESAMPLES seeded draws):
+    estimators.intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
     compare_runs(load_samples(A), load_samples(B))  -> per benchmark: each run's metrics with intervals, the
         paired difference with its interval and a paired sign-flip permutation test, solved only by A / B /
         both.
@@ -24,10 +24,8 @@ from pathlib import Path
 import torch
 
 import reward
-from eval import PASS_KS, pass_at_k
+from estimators import LEVEL, PASS_KS, RESAMPLES, bootstrap_means, metric_values, percentile_interval
 
-RESAMPLES = 10_000  # bootstrap draws and permutation draws; the Monte Carlo error of a 95% bound is ~0.2%
-LEVEL = 0.95
 NGRAM_ORDERS = (1, 2, 3, 4)
 
 # ----------------------------------------------------------------------------- group diversity
@@ -151,67 +149,6 @@ def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_w
             distance += float(((fed - own).norm(dim=-1) / own.norm(dim=-1).clamp_min(1e-12)).sum())
             cosine += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
     return distance / len(actions), cosine / len(actions)
-
-
-# ----------------------------------------------------------------------------- bootstrap over problems
-
-
-def metric_values(correct: Sequence[Sequence[bool]], metrics: Sequence[str]) -> torch.Tensor:
-    """[P, S] float64: each problem's value of each metric, "mean@n" (its accuracy c / n) or "pass@k" (the
-    unbiased estimator; "pass@n" is k = n), so that a metric over a benchmark is the mean of its column."""
-    sizes = {len(samples) for samples in correct}
-    if len(sizes) != 1:
-        raise ValueError(f"every problem needs the same number of samples, found {sorted(sizes)}")
-    n = sizes.pop()
-    columns = []
-    for metric in metrics:
-        name, _, k = metric.partition("@")
-        if name == "mean" and k in ("n", str(n)):
-            columns.append([sum(samples) / n for samples in correct])
-        elif name == "pass" and (k == "n" or k.isdigit() and 1 <= int(k) <= n):
-            columns.append([pass_at_k(n, sum(samples), n if k == "n" else int(k)) for samples in correct])
-        else:
-            raise ValueError(f"unknown metric {metric!r} for {n} samples per problem: use mean@{n} or "
-                             f"pass@k, k <= {n}")
-    return torch.tensor(columns, dtype=torch.float64).T.reshape(len(correct), len(metrics))
-
-
-def default_metrics(n: int, ks: Sequence[int] = PASS_KS) -> list[str]:
-    return [f"mean@{n}"] + [f"pass@{k}" for k in ks if k <= n]
-
-
-def bootstrap_means(values: torch.Tensor, resamples: int, generator: torch.Generator) -> torch.Tensor:
-    """[B, S]: for each of B resamples of the P problems (uniform, with replacement: one torch.randint(P,
-    (B, P)) draw), the mean of each column of values [P, S] over the resampled problems."""
-    P = values.shape[0]
-    picks = torch.randint(P, (resamples, P), generator=generator)  # [B, P]
-    ones = torch.ones_like(picks, dtype=values.dtype)
-    counts = torch.zeros(resamples, P, dtype=values.dtype).scatter_add_(1, picks, ones)  # [B, P] times drawn
-    return counts @ values / P  # [B, S]
-
-
-def percentile_interval(draws: torch.Tensor, level: float = LEVEL) -> torch.Tensor:
-    """[S, 2]: the (1 - level) / 2 and (1 + level) / 2 quantiles of each column of draws [B, S] (linear
-    interpolation between order statistics)."""
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=draws.dtype)
-    return torch.quantile(draws, q, dim=0).T
-
-
-def intervals(correct_by_problem: Mapping[str, Sequence[bool]] | Sequence[Sequence[bool]], *,
-              metrics: Sequence[str] | None = None, resamples: int = RESAMPLES, seed: int = 0,
-              level: float = LEVEL) -> dict[str, list[float]]:
-    """Percentile bootstrap intervals over problems for one run's Mean@n and Pass@k (fractions in [0, 1]).
-
-    >>> intervals({"a": [True, True], "b": [True, True]}, resamples=100)
-    {'mean@2': [1.0, 1.0], 'pass@1': [1.0, 1.0], 'pass@2': [1.0, 1.0]}
-    """
-    by_problem = correct_by_problem
-    correct = list(by_problem.values() if isinstance(by_problem, Mapping) else by_problem)
-    if not correct:
-        raise ValueError("intervals: no problems")
-    metrics = list(metrics or default_metrics(len(correct[0])))
-    draws = bootstrap_means(metric_values(correct, metrics), resamples, torch.Generator().manual_seed(seed))
-    return {metric: bounds for metric, bounds in zip(metrics, percentile_interval(draws, level).tolist())}
 
 
 # ----------------------------------------------------------------------------- paired comparison of two runs

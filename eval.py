@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shlex
 import sys
@@ -32,6 +31,7 @@ import data
 import distributed
 import reward
 from distributed import World
+from estimators import PASS_KS, intervals, pass_at_k
 
 # Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
 HUB_BENCHMARKS = {
@@ -40,16 +40,6 @@ HUB_BENCHMARKS = {
     "amc23": ("math-ai/amc23", "test"),
     "math500": ("HuggingFaceH4/MATH-500", "test"),
 }
-PASS_KS = (1, 2, 4, 8, 16, 32)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased Pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
     """(name, problems, kind) for a benchmark name or a local file; kind is "choice" for GPQA, else "math"."""
     path = Path(spec).expanduser()
@@ -122,9 +112,7 @@ def summarize(correct: dict[str, list[bool]], n: int) -> dict:
     summary = {"n": n, "problems": len(counts), f"mean@{n}": sum(counts) / (n * len(counts))}
     for k in (k for k in PASS_KS if k <= n):
         summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
-    from analysis import intervals  # here, not at the top: analysis imports pass_at_k from this file
-
-    summary["ci95"] = intervals(correct)  # percentile bootstrap over problems (analysis.RESAMPLES, seed 0)
+    summary["ci95"] = intervals(correct)  # percentile bootstrap over problems (estimators.RESAMPLES, seed 0)
     return summary
 
 

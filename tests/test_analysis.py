@@ -1,5 +1,5 @@
-"""analysis.py: diversity metrics against hand counts, bootstrap intervals against a hand-rolled resample,
-the paired comparison against hand counts on small samples files."""
+"""analysis.py and estimators.py: diversity metrics against hand counts, bootstrap intervals against a
+hand-rolled resample, the paired comparison against hand counts on small samples files."""
 
 import json
 import math
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import analysis as A
+import estimators as S
 from reward import RewardPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ def test_mixture_cosine_equals_a_hand_loop():
 def test_intervals_of_a_constant_have_zero_width():
     # Every problem has 2 of 4 correct: every resample has the same Mean@4 and Pass@k.
     correct = {f"p{i}": [True, False, True, False] for i in range(7)}
-    result = A.intervals(correct, resamples=500)
+    result = S.intervals(correct, resamples=500)
     assert result["mean@4"] == [0.5, 0.5]
     assert result["pass@2"] == [pytest.approx(5 / 6), pytest.approx(5 / 6)]  # 1 - C(2,2)/C(4,2)
     assert result["pass@4"] == [1.0, 1.0]
@@ -118,7 +119,7 @@ def test_seeded_intervals_match_a_hand_rolled_resample():
     picks = torch.randint(len(correct), (B, len(correct)), generator=generator).tolist()
     mean_draws = sorted(sum(accuracy[i] for i in row) / len(row) for row in picks)
     pass_draws = sorted(sum(solved[i] for i in row) / len(row) for row in picks)
-    result = A.intervals(correct, metrics=["mean@3", "pass@3"], resamples=B, seed=seed)
+    result = S.intervals(correct, metrics=["mean@3", "pass@3"], resamples=B, seed=seed)
     for metric, draws in (("mean@3", mean_draws), ("pass@3", pass_draws)):
         assert result[metric] == pytest.approx([hand_quantile(draws, 0.025), hand_quantile(draws, 0.975)])
 
@@ -126,17 +127,17 @@ def test_seeded_intervals_match_a_hand_rolled_resample():
 def test_intervals_cover_the_estimate_and_narrow_with_more_problems():
     few = {f"p{i}": [i % 2 == 0] * 4 for i in range(10)}
     many = {f"p{i}": [i % 2 == 0] * 4 for i in range(400)}
-    lo_few, hi_few = A.intervals(few)["mean@4"]
-    lo_many, hi_many = A.intervals(many)["mean@4"]
+    lo_few, hi_few = S.intervals(few)["mean@4"]
+    lo_many, hi_many = S.intervals(many)["mean@4"]
     assert lo_few < 0.5 < hi_few and lo_many < 0.5 < hi_many
     assert hi_many - lo_many < (hi_few - lo_few) / 3  # width ~ 1/sqrt(P): sqrt(40) ~ 6.3 times narrower
 
 
 def test_unknown_metric_and_ragged_samples_are_clear_errors():
     with pytest.raises(ValueError, match="pass@k, k <= 2"):
-        A.intervals([[True, False]], metrics=["pass@4"])
+        S.intervals([[True, False]], metrics=["pass@4"])
     with pytest.raises(ValueError, match="same number of samples"):
-        A.intervals([[True, False], [True]])
+        S.intervals([[True, False], [True]])
 
 
 # ----------------------------------------------------------------------------- paired comparison

@@ -1,5 +1,5 @@
-"""bench.py's long-tail workload: the length distribution the issue describes, and rows that end exactly at
-their drawn lengths in every engine."""
+"""The long-tail workload of the benchmarks (benchmarks/long_tail.py): the length distribution the issue
+describes, and rows that end exactly at their drawn lengths in every engine."""
 
 import argparse
 import math
@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-import bench
+from benchmarks import long_tail
 from rollout import Sampler, Sampling, generate
 
 
 def test_the_lognormal_has_the_asked_mean_and_share_at_the_limit_by_monte_carlo():
-    mu, sigma = bench.lognormal_for(0.4, 0.1)
+    mu, sigma = long_tail.lognormal_for(0.4, 0.1)
     rng = random.Random(0)
     draws = [rng.lognormvariate(mu, sigma) for _ in range(200_000)]
     # Standard errors: ~0.0007 for the share at the limit, ~0.0006 for the capped mean.
@@ -23,17 +23,17 @@ def test_the_lognormal_has_the_asked_mean_and_share_at_the_limit_by_monte_carlo(
 
 def test_an_impossible_distribution_is_a_clear_error():
     with pytest.raises(ValueError, match="no log-normal"):
-        bench.lognormal_for(0.05, 0.1)  # a mean below the share at the limit
+        long_tail.lognormal_for(0.05, 0.1)  # a mean below the share at the limit
 
 
 def test_long_tail_lengths_have_the_distributions_shape_even_for_few_rows():
-    many = bench.long_tail_lengths(20_000, 2048, seed=0)
+    many = long_tail.long_tail_lengths(20_000, 2048, seed=0)
     assert all(1 <= n <= 2048 for n in many)
     assert sum(many) / len(many) / 2048 == pytest.approx(0.4, abs=0.005)
     assert sum(n == 2048 for n in many) / len(many) == pytest.approx(0.1, abs=1e-3)  # stratified: ~exact
-    few = bench.long_tail_lengths(32, 2048, seed=0)
+    few = long_tail.long_tail_lengths(32, 2048, seed=0)
     assert sum(n == 2048 for n in few) in (3, 4)  # 32 x 0.1 = 3.2
-    assert few == bench.long_tail_lengths(32, 2048, seed=0) != bench.long_tail_lengths(32, 2048, seed=1)
+    assert few == long_tail.long_tail_lengths(32, 2048, seed=0) != long_tail.long_tail_lengths(32, 2048, seed=1)
     assert few != sorted(few) and few != sorted(few, reverse=True)  # in a random order
 
 
@@ -41,8 +41,8 @@ def test_long_tail_lengths_have_the_distributions_shape_even_for_few_rows():
 def test_rows_end_at_their_drawn_lengths_in_every_engine(monkeypatch, refill):
     max_new_tokens = 24
     lengths = [5, 24, 1, 17, 24, 9, 12]  # two at the limit: truncated, not stopped
-    model = bench.long_tail_model(argparse.Namespace(vocab=64), torch.device("cpu"))
-    monkeypatch.setattr(Sampler, "__call__", bench.forced_lengths_sampler(lengths, max_new_tokens, 0, "cpu"))
+    model = long_tail.long_tail_model(argparse.Namespace(vocab=64), torch.device("cpu"))
+    monkeypatch.setattr(Sampler, "__call__", long_tail.forced_lengths_sampler(lengths, max_new_tokens, 0, "cpu"))
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 64) for _ in range(rng.randint(2, 9))] for _ in lengths]
     sampling = Sampling(max_new_tokens=max_new_tokens, stop_ids=(0,))

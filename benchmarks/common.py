@@ -1,0 +1,89 @@
+"""What every benchmark shares: where ../shared/data is, one JSON line per measurement, latency
+summaries, the real model shapes and their transformers twins, peak memory, device syncs."""
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+# The repo root; bench.py there is the one entry (benchmarks that measure in a fresh process run it again).
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench.py"
+# ../shared/data beside the repo; NGRPO_SHARED_DATA points elsewhere (e.g. a copy carried to a GPU machine).
+SHARED_DATA = Path(os.environ.get("NGRPO_SHARED_DATA") or ROOT.parent / "shared" / "data")
+EVAL_DATA = SHARED_DATA / "eval"
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def latency_ms(seconds: list[float]) -> dict:
+    ordered = sorted(seconds)
+    return {"median_ms": round(1000 * statistics.median(ordered), 3),
+            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)}
+
+
+SHAPES = {"1.5b": "tokenizers/DeepSeek-R1-Distill-Qwen-1.5B/config.json",
+          "7b": "configs/DeepSeek-R1-Distill-Qwen-7B/config.json"}
+
+
+def shape_config(shape: str):
+    """The tiny preset's ModelConfig, or the path of a real architecture's config.json in ../shared."""
+    from model import TINY_CONFIG
+
+    if shape == "tiny":
+        return TINY_CONFIG
+    path = SHARED_DATA / SHAPES[shape]
+    if not path.is_file():
+        sys.exit(f"{path} not found: the {shape} shape needs ../shared/data")
+    return path
+
+
+def transformers_twin(model):
+    """transformers' own model of the same architecture holding the same weights (the baseline)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = model.cfg.to_hf()
+    config = AutoConfig.for_model(hf_config.pop("model_type"), **hf_config)
+    weight = model.embed_tokens.weight
+    twin = AutoModelForCausalLM.from_config(config).to(device=weight.device, dtype=weight.dtype).eval()
+    state = {(k if k.startswith("lm_head") else "model." + k): v for k, v in model.state_dict().items()}
+    twin.load_state_dict(state, strict=not model.cfg.tie_word_embeddings)
+    return twin
+
+
+def peak_mem_mb(device) -> float:
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # the process's peak RSS
+
+
+def torch_dtype(device):
+    import torch
+
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rss_mb(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, from /proc (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
