@@ -4,9 +4,10 @@ import doctest
 
 import pytest
 
+import estimators
 import ngrpo
 
-MODULES = [ngrpo]
+MODULES = [ngrpo, estimators]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
