@@ -13,9 +13,10 @@ keeps only boxes (a format-strict reward).
 '42'
 """
 
+import itertools
 import re
 
-from grader import normalize, undouble_backslashes
+from grader import normalize, undouble_backslashes, unwrap
 from latex import box_spans, split_top, tokenize
 
 _STATEMENT_WINDOW = 4000  # a "final answer" statement far from the end is not final
@@ -24,12 +25,18 @@ _ANSWER_STATEMENT = re.compile(
     r"|^[\s*_#>]*(?:final\s+)?answer[\s*_]*[:：=]"  # "Answer: 5" on a line of its own
     r"|\bfinal\s+answer[\s*_]*[:：]"  # "... Final Answer: 5"
     r"|\bfinal\s+answer\b[\s*_#:]*\n"  # a "Final Answer" heading
-    r"|^#{4}(?!#)", re.I | re.M)  # GSM8K's #### 5
-_MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|\$(.{1,500}?)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.S)
+    r"|^#{4}(?!#)"  # GSM8K's #### 5
+    r"|^[\s*_]*A[:：](?=[^\n]*\s*\Z)"  # the few-shot "Q: ... A: 5" as the closing line
+    r"|答案[是为][:：]?", re.I | re.M)  # "the answer is" in Chinese (Qwen2.5-Math's evaluation reads it too)
+# a $ escaped as \$ is a dollar sign, not a delimiter: "$\$18$"
+_MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|(?<!\\)\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)"
+                        r"|\\\[(.{1,500}?)\\\]", re.S)
 _MATH_CLOSERS = (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\["))
 _LIST_SEPARATOR = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*(?=\$|\\[(\[])")
 _REMARK = re.compile(r"\s*\([^()]*(?<![\\a-zA-Z])[a-zA-Z]{3}[^()]*\)$")  # "3 (not 4)": a remark in words
 _PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)")
+_NEXT_QUESTION = re.compile(r"\n[ \t]*(?:Q|Question)[:：]")
+_ELLIPSIS = re.compile(r"(?<=\d)(?:\.{3}|…)")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|[;!?](?:\s|$)| (?:which|since|because|as|so|and so|where)\s")
 _TRAILER_WINDOW = 300
 _TRAILER = re.compile(r"(?:\s*(?:<\|[a-z_]+\|>\s*\w*|I hope (?:it|this) is correct\.?))+\s*$", re.I)
@@ -42,6 +49,7 @@ _PROSE_VALUE_OR_SPAN = re.compile(f"{_MATH_SPAN.pattern}|{_PROSE_NUMBER.pattern}
 _NEGATED = re.compile(r"\b(?:not|no|never|cannot|can't|isn't|aren't|wasn't|won't|neither|nor|except)\s+"
                       r"(?:[a-z]+\s+)?$", re.I)  # "not 10", "cannot be 5": that value is ruled out
 _ENDS_AFTER_VALUE = re.compile(r"\s?(?:[$€£¥%]|[a-zA-Z]+[²³]?)?\W*$")  # a unit or currency, punctuation
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\b")
 _LIST_GAP = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
 _EMPHASIS = re.compile(r"\*\*|__")
 _COPULA_BEFORE = re.compile(r"(?:\b(?:is|are|was|equals|be)|'s|:)\s*$", re.I)
@@ -81,7 +89,7 @@ def _stated_value(rest: str, sole: str = "any") -> str | None:
         position = separator.end()
     if values:
         return ", ".join(values) if all(values) else None
-    line = rest.split("\n", 1)[0][:200]
+    line = _ELLIPSIS.sub(r"\\ldots", rest.split("\n", 1)[0][:200])  # 0.333... is not a sentence's end
     line = _SENTENCE_END.split(line, maxsplit=1)[0]
     line = _REMARK.sub("", line.strip().rstrip(".,;:")).strip("*_ \"“”").strip()
     if not _has_words(line):
@@ -159,7 +167,7 @@ def _last_statement(text: str, start: int = 0) -> str | None:
     tail = text[max(start, len(text) - _STATEMENT_WINDOW):]
     for statement in reversed(list(_ANSWER_STATEMENT.finditer(tail))):
         value = _stated_value(tail[statement.end():])
-        if value:
+        if value and not _is_placeholder(unwrap(value)):
             return value
     return None
 
@@ -190,6 +198,15 @@ def _closing_value(text: str) -> str | None:
     return None
 
 
+def _before_next_question(text: str, start: int) -> str:
+    """A few-shot answer that runs on into a question of its own ("... The answer is 4.\n\nQ: ...") ends
+    where that question begins (evaluation harnesses stop generating at "Q:" for this reason)."""
+    for question in itertools.islice(_NEXT_QUESTION.finditer(text, start), 3):
+        if _ANSWER_STATEMENT.search(text, start, question.start()):
+            return text[:question.start()]
+    return text
+
+
 def _without_trailer(text: str) -> str:
     """The response without a chat template's next-turn marker or a closing pleasantry."""
     head, tail = text[:-_TRAILER_WINDOW], text[-_TRAILER_WINDOW:]
@@ -210,19 +227,28 @@ def stated_answer(text: str) -> str | None:
 
 
 def candidate_answers(response: str, reference: str = "", require_boxed: bool = False) -> list[str]:
-    """What a response may be claiming as its answer, best first. The order of preference (README,
-    "Rewards"), all after </think> when the response has one:
+    """What a response may be claiming as its answer, best first. The order of preference (docs/reward.md),
+    all after </think> when the response has one:
+    0. the content of the last <answer>...</answer> tag, read by these same rules (R1-Zero-style prompts);
     1. a final-answer statement after the last box ("... \\boxed{5}. Final answer: 6" answers 6);
-    2. the last box (and, for a reference with several parts, all those boxes together as one list);
+    2. the last box (and, for a reference with several parts, all those boxes together as one list); boxes
+       that hold no answer (\\boxed{}, \\boxed{[answer]}) are not boxes;
     3. a formula that ends the response, else the value of a concluding sentence ("Therefore, the
        probability is 2/3."), else a value that closes it after "is" ("... which is 1,000.99€");
     4. the last box inside the thinking.
-    With require_boxed only boxes count (2, then 4).
+    With require_boxed only boxes count (2, then 4). Boxes of different values listed at the end
+    ("\\boxed{3} or \\boxed{4}") are one answer, the list, which a reference of one value never equals.
     """
     response = _single_backslashes(_without_trailer(response))
     think_end = response.rfind("</think>")
     answer_start = think_end + len("</think>") if think_end >= 0 else 0
-    spans = box_spans(response)
+    response = _before_next_question(response, answer_start)
+    if not require_boxed:
+        tagged = _answer_tag(response, answer_start)
+        candidates = candidate_answers(tagged, reference) if tagged else []
+        if candidates:
+            return candidates
+    spans = [span for span in box_spans(response) if not _is_placeholder(span[2])]
     final_spans = [span for span in spans if span[0] > think_end]
     if not require_boxed:
         statement = _last_statement(response, final_spans[-1][1] if final_spans else answer_start)
@@ -234,11 +260,56 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
                 return [unboxed]
     if not spans:
         return []
+    several_parts = _has_several_parts(reference)
+    last_boxes = _last_box_list(response, final_spans or spans)
+    if len(last_boxes) > 1 and not several_parts:
+        return [", ".join(last_boxes)]  # a hedge: several values where one is asked for
     candidates = [spans[-1][2]]
     final_boxes = list(dict.fromkeys(content.strip() for _, _, content in final_spans))
-    if 1 < len(final_boxes) <= 10 and _has_several_parts(reference):
+    if 1 < len(final_boxes) <= 10 and several_parts:
         candidates.append(", ".join(final_boxes))
     return candidates
+
+
+def _last_box_list(text: str, spans: list[tuple[int, int, str]]) -> list[str]:
+    """The distinct contents of the boxes that end `spans` as one list: "\\boxed{3} or \\boxed{4}",
+    "$\\boxed{3}$, $\\boxed{4}$", "x = \\boxed{3} \\text{ or } x = \\boxed{4}" (no word between them but
+    "or", "and" and the like; "\\boxed{3}. Hmm, no: \\boxed{4}" is a correction, not a list)."""
+    start = len(spans) - 1
+    while start > 0 and _joins_alternatives(text[spans[start - 1][1]:spans[start][0]]):
+        start -= 1
+    return list(dict.fromkeys(content.strip() for _, _, content in spans[start:]))
+
+
+def _joins_alternatives(between: str) -> bool:
+    if len(between) > 100:
+        return False
+    words = {word.lower() for word in _WORD_OR_SHORT.findall(_TEXT_COMMAND.sub("", between))}
+    return words <= _ALTERNATIVE_WORDS
+
+
+_ALTERNATIVE_WORDS = {"or", "and", "either", "also", "maybe", "perhaps", "possibly"}
+_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
+_TAG_SEARCH_WINDOW = 20_000
+# what a template writes where the answer goes: \boxed{}, \boxed{[answer]}, \boxed{\text{your answer here}}
+_PLACEHOLDER = re.compile(r"(?:(?:your|the|my|final|insert|put|write|enter|correct)\s*)*answer(?:\s*here)?"
+                          r"|(?:\.|…|\?|_|\\_|\\[lc]?dots|\\,|\s)*", re.I)
+_PLACEHOLDER_MARKS = re.compile(r"\\(?:text\w*|mathrm|mathbf|mbox)\s*|[{}\[\]()<>\"'*$\s]+")
+
+
+def _is_placeholder(content: str) -> bool:
+    """Whether a box's content is where an answer would go rather than an answer."""
+    return len(content) < 60 and bool(_PLACEHOLDER.fullmatch(_PLACEHOLDER_MARKS.sub(" ", content).strip()))
+
+
+def _answer_tag(text: str, start: int) -> str | None:
+    """The content of the last <answer>...</answer> in text[start:] (to the end when it is left open)."""
+    tail_start = max(start, len(text) - _TAG_SEARCH_WINDOW)
+    opening = text.rfind("<answer>", tail_start)
+    if opening < 0:
+        return None
+    content = _ANSWER_TAG.match(text, opening).group(1).strip()
+    return None if _is_placeholder(content) else content
 
 
 def reference_answer(reference: str) -> str:
@@ -285,27 +356,45 @@ def extract_answer(text: str, require_boxed: bool = False) -> str | None:
 
 _CHOICE_STATEMENT = re.compile(r"(?i:answer)\s*(?:is)?\s*[:：]?\s*\**\s*\(?([A-Z])\)?(?![A-Za-z0-9])")
 _LONE_LETTER = re.compile(r"[\W_]*\(?([A-Z])\)?[\W_]*")
+# more letters after the first: "Answer: A, C", "B or C", "(A) and (B)", "\boxed{A/B}" name several options
+_MORE_LETTERS = re.compile(r"(?:\s*\**\s*(?:[,/&+]|\bor\b|\band\b)\s*\**\s*\(?([A-Z])\)?(?![A-Za-z0-9]))+")
+_LETTER_LIST = re.compile(rf"[\W_]*\(?([A-Z])\)?{_MORE_LETTERS.pattern}[\W_]*")
+
+
+def _several_letters(first: str, more: re.Match | None) -> bool:
+    """Whether a list of letters names another option than its first (a hedge)."""
+    return bool(more) and bool(set(re.findall(r"\b[A-Z]\b", more.group())) - {first})
 
 
 def extract_choice(response: str) -> str | None:
     """The last multiple-choice letter a response gives: "Answer: X", \\boxed{X}, or a final line that is
-    just X; None when it gives none."""
-    found = []  # (position, letter)
+    just X; None when it gives none, or when the last of these names several options ("Answer: A, C",
+    "\\boxed{A, B}", a last line "(A) and (B)": a hedge earns nothing)."""
+    found = []  # (position, letter, or None for a hedge)
     tail_start = max(0, len(response) - _STATEMENT_WINDOW)
     statement = None
     for statement in _CHOICE_STATEMENT.finditer(response, tail_start):
         pass
     if statement is not None:
-        found.append((statement.start(), statement.group(1)))
-    spans = box_spans(response)
-    if spans:
+        hedged = _several_letters(statement.group(1), _MORE_LETTERS.match(response, statement.end()))
+        found.append((statement.start(), None if hedged else statement.group(1)))
+    spans = [span for span in box_spans(response) if not _is_placeholder(span[2])]
+    if len(_last_box_list(response, spans)) > 1:  # \\boxed{C} or \\boxed{D}
+        found.append((spans[-1][0], None))
+    elif spans:
         content = spans[-1][2]
-        boxed = re.fullmatch(r"\(?([A-Z])\)?", normalize(content).text) if len(content) < 100 else None
+        text = normalize(content).text if len(content) < 100 else ""
+        boxed = re.fullmatch(r"\(?([A-Z])\)?", text)
         if boxed:
             found.append((spans[-1][0], boxed.group(1)))
+        elif _LETTER_LIST.fullmatch(_TEXT_COMMAND.sub("", content)):
+            found.append((spans[-1][0], None))
     stripped = response.rstrip()
     last_line_start = stripped.rfind("\n") + 1
-    lone = _LONE_LETTER.fullmatch(stripped[last_line_start:])
+    last_line = stripped[last_line_start:]
+    lone = _LONE_LETTER.fullmatch(last_line)
     if lone:
         found.append((last_line_start, lone.group(1)))
-    return max(found)[1] if found else None
+    elif len(last_line) < 40 and _LETTER_LIST.fullmatch(last_line):
+        found.append((last_line_start, None))
+    return max(found, key=lambda item: item[0])[1] if found else None

@@ -188,6 +188,47 @@ def _without_approximation(text: str) -> str:
     return parts[-1]
 
 
+_TRAILING_BACKSLASHES = re.compile(r"(?<!\\)(?:\\\\|\\)+\s*$")  # "5 \\\\" (a row break) or a stray "5\\"
+_REPEATING_HINT = re.compile(r"\.{3}|…|dots|repeat|recurr|\\dot|\\bar|\d\.\d*\(")
+_ELLIPSIS_DECIMAL = re.compile(r"(\d+\.)(\d+)\s*(?:\.{3}|…|\\[lc]?dots(?![a-zA-Z]))")
+_WORDED_DECIMAL = re.compile(r"(\d+\.)(\d+)\s*(?:\\text\{\s*)?(?:repeating|recurring)\b(?:\s*\})?", re.I)
+_BRACKETED_DECIMAL = re.compile(r"(\d+\.\d*)\((\d+)\)(?![\d(])")
+_DOTTED_DECIMAL = re.compile(r"(?<=[\d.])\\dot\{?(\d)\}?(?:(\d*)\\dot\{?(\d)\}?)?")
+_BARRED_DECIMAL = re.compile(r"(?<=[\d.])\\bar\{(\d+)\}")
+
+
+def _repeat_of(digits: str) -> tuple[str, str] | None:
+    """(fixed, repeating) of digits that end in a period written out at least twice ("1666" -> ("1", "6"),
+    "121212" -> ("", "12")); None when they do not ("14159")."""
+    for length in range(1, 7):
+        unit, count = digits[-length:], 0
+        while digits.endswith(unit * (count + 1)):
+            count += 1
+        if count >= 2 and len(unit) == length:
+            return digits[:len(digits) - count * length], unit
+    return None
+
+
+def _repeating_decimals(text: str) -> str:
+    """Repeating decimals in the forms people write them, as 0.1\\overline{6} (which the parser reads):
+    0.1666..., 0.333\\ldots, "0.3 repeating", 0.(3), 0.\\dot{3}, 0.\\dot{1}4285\\dot{7}, 0.\\bar{3}. A
+    decimal cut off with ... that shows no period (3.14159...) is its digits."""
+    def ellipsis(match: re.Match) -> str:
+        repeat = _repeat_of(match.group(2))
+        if not repeat:  # a decimal cut off: its digits (3.14159... is 3.14159, which precision then judges)
+            return match.group(1) + match.group(2)
+        return f"{match.group(1)}{repeat[0]}\\overline{{{repeat[1]}}}"
+
+    def worded(match: re.Match) -> str:
+        fixed, unit = _repeat_of(match.group(2)) or ("", match.group(2))
+        return f"{match.group(1)}{fixed}\\overline{{{unit}}}"
+    text = _ELLIPSIS_DECIMAL.sub(ellipsis, text)
+    text = _WORDED_DECIMAL.sub(worded, text)
+    text = _BRACKETED_DECIMAL.sub(r"\1\\overline{\2}", text)
+    text = _DOTTED_DECIMAL.sub(lambda m: f"\\overline{{{m.group(1)}{m.group(2) or ''}{m.group(3) or ''}}}", text)
+    return _BARRED_DECIMAL.sub(r"\\overline{\1}", text)
+
+
 def undouble_backslashes(text: str) -> str:
     """\\\\frac from a doubly escaped string is \\frac (a row break \\\\ never comes right before a
     letter); in a text escaped twice throughout (no command with one backslash) every \\\\ is one."""
@@ -265,7 +306,10 @@ def normalize(answer: str) -> Answer:
     if _SPACE_GROUPED.fullmatch(text.strip()):
         text = text.replace(" ", "")
     text = _SPACING.sub(lambda match: "\\\\" if match.group() == "\\\\" else " ", text)  # keep \\ rows
+    if _REPEATING_HINT.search(text):
+        text = _repeating_decimals(text)
     text, unit = _rewrite_text_blocks(text)
+    text = _TRAILING_BACKSLASHES.sub("", text)
     text = _SPELLING.sub(lambda match: _SPELLINGS[match.group()], text)
     for pattern, replacement in _REWRITES:
         text = pattern.sub(replacement, text)
@@ -277,7 +321,7 @@ def normalize(answer: str) -> Answer:
         unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
         text = text[:trailing.start()]
     text, unit = _read_degrees(text, unit)
-    text = text.strip().rstrip(".").strip()
+    text = text.strip().rstrip(".,;:").strip()
     percent = text.endswith("%")
     text = text.rstrip("%").strip()
     if _GROUPED_NUMBER.fullmatch(text):  # before spaces go: "1, 234" is a list
@@ -301,7 +345,11 @@ _PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
 _SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?(?:([aApP])[mM])?")
 _CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
-_LEADING_CHOICE = re.compile(r"\(?([A-Ea-e])\)?(?![A-Za-z])")
+# A letter answer: the letter alone ("C", "(c)", "**C**"), or labelled and followed by its option's text
+# ("(C) 12", "C: 12"); the text may name no other option ("(A),(B)" is two answers).
+_CHOICE_ANSWER = re.compile(r"(?i:option|choice)?\**(?:\(([A-Ea-e])\)|([A-Ea-e]))\**"
+                            r"|(?:\(([A-Ea-e])\)|([A-E])[:)])(?![-+*/^,;=])(.+)")
+_OTHER_CHOICE = re.compile(r"(?<![A-Za-z\\])\(?[A-E]\)?(?![A-Za-z])")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
 _FUNCTION_NAME = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi")
 
@@ -429,8 +477,7 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
     ref_text = ref_base[1] if ref_base else ref.text
     choice = _CHOICE.fullmatch(ref_text)
     if choice:
-        leading = _LEADING_CHOICE.match(pred_text)
-        return bool(leading) and leading.group(1).upper() == (choice.group(1) or choice.group(2)).upper()
+        return _choice_of(pred_text) == (choice.group(1) or choice.group(2)).upper()
     if _is_words(ref_text) or _is_words(pred_text):
         return pred_text.lower() == ref_text.lower()
     pred_text, ref_text = _read_decimal_commas(pred_text, ref_text)
@@ -439,6 +486,15 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
         return None
     return _numbers_agree(Answer(pred_text, pred.unit, pred.percent), pred_value,
                           Answer(ref_text, ref.unit, ref.percent), ref_value)
+
+
+def _choice_of(text: str) -> str | None:
+    """The one option letter an answer gives (upper case), or None: none, or more than one ("A, C",
+    "(A) or (B)", "A+1": a hedge earns nothing)."""
+    answer = _CHOICE_ANSWER.fullmatch(text)
+    if not answer or (answer.group(5) and _OTHER_CHOICE.search(answer.group(5))):
+        return None
+    return next(letter for letter in answer.groups() if letter).upper()
 
 
 def _time_of_day(answer: Answer) -> int | None:
@@ -576,6 +632,8 @@ def answers_equal(a, b) -> bool:
     """Equivalence of two parsed answers (see parse_answer for the kinds)."""
     a = a[0] if isinstance(a, list) and len(a) == 1 else a
     b = b[0] if isinstance(b, list) and len(b) == 1 else b
+    if isinstance(a, list) and isinstance(b, sympy.Expr):  # several values for one: each must be it, or
+        return all(answers_equal(item, b) for item in a)  # it is a hedge (15\frac{39}{40} or \frac{639}{40}: one)
     if isinstance(a, INEQUALITIES) and isinstance(b, INEQUALITIES) \
             and len(a.free_symbols | b.free_symbols) > 1:
         return _relations_equal(a, b)
