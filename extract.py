@@ -35,12 +35,13 @@ _MATH_CLOSERS = (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\["))
 _LIST_SEPARATOR = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*(?=\$|\\[(\[])")
 _REMARK = re.compile(r"\s*\([^()]*(?<![\\a-zA-Z])[a-zA-Z]{3}[^()]*\)$")  # "3 (not 4)": a remark in words
 _PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)")
-_NEXT_QUESTION = re.compile(r"\n[ \t]*(?:Q|Question)[:：]")
+_NEXT_QUESTION = re.compile(r"\n(?:Q|Question)[:：]")
 _ELLIPSIS = re.compile(r"(?<=\d)(?:\.{3}|…)")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|[;!?](?:\s|$)| (?:which|since|because|as|so|and so|where)\s")
 _TRAILER_WINDOW = 300
 _TRAILER = re.compile(r"(?:\s*(?:<\|[a-z_]+\|>\s*\w*|I hope (?:it|this) is correct\.?))+\s*$", re.I)
-_CONCLUSION = re.compile(r"\b(?:therefore|thus|hence|so|finally|in conclusion)\b", re.I)
+_CONCLUSION = re.compile(r"\b(?:therefore|thus|hence|so|finally|in conclusion|in total|in all|altogether)\b",
+                         re.I)
 _SENTENCE_BREAK = re.compile(r"[.!?](?=\s)|\n")
 # numbers in prose: 1,000.99, 2,74, -3, 0.5, 12%, 3.2e5 (a unit or currency may be glued on: 1,000.99€)
 _PROSE_NUMBER = re.compile(r"(?<![\w.,^_{])[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:[.,]\d+)?(?:e[-+]?\d+)?(?:\s?%)?"
@@ -52,9 +53,14 @@ _ENDS_AFTER_VALUE = re.compile(r"\s?(?:[$€£¥%]|[a-zA-Z]+[²³]?)?\W*$")  # a
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\b")
 _LIST_GAP = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
 _EMPHASIS = re.compile(r"\*\*|__")
-_COPULA_BEFORE = re.compile(r"(?:\b(?:is|are|was|equals|be)|'s|:)\s*$", re.I)
-_RESULT_BEFORE = re.compile(r"(?:\b(?:is|are|was|were|be|equals?|by|to|of|gives?|get|gets|got|obtain|yields?)"
-                            r"|'s|[:=])\s*$", re.I)
+_CURRENCY_BEFORE = r"\s*(?:\\?\$|[€£¥])?\s*$"  # "is $42": the value is 42
+_COPULA_BEFORE = re.compile(r"(?:\b(?:is|are|was|equals|be)|'s|:)" + _CURRENCY_BEFORE, re.I)
+# verbs that state a result, and those of the counts and sums of word problems ("Janet makes $18 every day.")
+_RESULT_BEFORE = re.compile(r"(?:\b(?:is|are|was|were|be|equals?|by|to|of|gives?|get|gets|got|obtain|yields?"
+                            r"|has|have|had|makes?|made|earns?|earned|pays?|paid|needs?|needed|spends?|spent"
+                            r"|costs?|sells?|sold|buys?|bought|saves?|saved|takes?|took|owes?|owed|receives?"
+                            r"|received|collects?|collected|uses?|used|weighs?|holds?|contains?|scores?|scored)"
+                            r"|'s|[:=])" + _CURRENCY_BEFORE, re.I)
 # "our answer is correct": what follows the marker is not a value
 _NOT_A_VALUE = re.compile(r"(?:correct|incorrect|right|wrong|not|that|as|below|above|given|to|in|of|which"
                           r"|because|since|clearly|indeed|still|also|then)\b", re.I)
@@ -167,21 +173,22 @@ def _last_statement(text: str, start: int = 0) -> str | None:
     tail = text[max(start, len(text) - _STATEMENT_WINDOW):]
     for statement in reversed(list(_ANSWER_STATEMENT.finditer(tail))):
         value = _stated_value(tail[statement.end():])
-        if value and not _is_placeholder(unwrap(value)):
+        if value and (_DIGIT.search(value) or not _is_placeholder(unwrap(value))):
             return value
     return None
 
 
 def _concluding_value(text: str) -> str | None:
     """The value a concluding last sentence gives: "Therefore, the probability is 2/3." -> "2/3",
-    "Thus $x \\geq 5$ is the solution." -> "x \\geq 5"; in words, its one value, when the sentence is
-    complete ("Therefore, it increases by 100%." -> "100%")."""
+    "Thus $x \\geq 5$ is the solution." -> "x \\geq 5"; in words, its one value after a verb of result, when
+    the sentence is complete ("Therefore, it increases by 100%." -> "100%"; "Janet makes $18 every day." -> 18,
+    with or without a word of conclusion)."""
     sentence, complete = _last_sentence(text)
     for conclusion in reversed(list(_CONCLUSION.finditer(sentence))):
         value = _stated_value(sentence[conclusion.end():], "after a verb" if complete else "none")
         if value and not _has_words(value):  # "so we are done": no value
             return value
-    return None
+    return _sole_value(sentence, after_verb=True) if complete else None
 
 
 def _closing_value(text: str) -> str | None:
@@ -201,6 +208,8 @@ def _closing_value(text: str) -> str | None:
 def _before_next_question(text: str, start: int) -> str:
     """A few-shot answer that runs on into a question of its own ("... The answer is 4.\n\nQ: ...") ends
     where that question begins (evaluation harnesses stop generating at "Q:" for this reason)."""
+    if "\nQ" not in text:
+        return text
     for question in itertools.islice(_NEXT_QUESTION.finditer(text, start), 3):
         if _ANSWER_STATEMENT.search(text, start, question.start()):
             return text[:question.start()]
@@ -260,11 +269,13 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
                 return [unboxed]
     if not spans:
         return []
+    candidates = [spans[-1][2]]
+    if len(spans) == 1:
+        return candidates
     several_parts = _has_several_parts(reference)
     last_boxes = _last_box_list(response, final_spans or spans)
     if len(last_boxes) > 1 and not several_parts:
         return [", ".join(last_boxes)]  # a hedge: several values where one is asked for
-    candidates = [spans[-1][2]]
     final_boxes = list(dict.fromkeys(content.strip() for _, _, content in final_spans))
     if 1 < len(final_boxes) <= 10 and several_parts:
         candidates.append(", ".join(final_boxes))
@@ -290,22 +301,23 @@ def _joins_alternatives(between: str) -> bool:
 
 _ALTERNATIVE_WORDS = {"or", "and", "either", "also", "maybe", "perhaps", "possibly"}
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
-_TAG_SEARCH_WINDOW = 20_000
 # what a template writes where the answer goes: \boxed{}, \boxed{[answer]}, \boxed{\text{your answer here}}
 _PLACEHOLDER = re.compile(r"(?:(?:your|the|my|final|insert|put|write|enter|correct)\s*)*answer(?:\s*here)?"
                           r"|(?:\.|…|\?|_|\\_|\\[lc]?dots|\\,|\s)*", re.I)
+_DIGIT = re.compile(r"\d")
 _PLACEHOLDER_MARKS = re.compile(r"\\(?:text\w*|mathrm|mathbf|mbox)\s*|[{}\[\]()<>\"'*$\s]+")
 
 
 def _is_placeholder(content: str) -> bool:
     """Whether a box's content is where an answer would go rather than an answer."""
-    return len(content) < 60 and bool(_PLACEHOLDER.fullmatch(_PLACEHOLDER_MARKS.sub(" ", content).strip()))
+    if len(content) >= 60 or _DIGIT.search(content):
+        return False
+    return bool(_PLACEHOLDER.fullmatch(_PLACEHOLDER_MARKS.sub(" ", content).strip()))
 
 
 def _answer_tag(text: str, start: int) -> str | None:
     """The content of the last <answer>...</answer> in text[start:] (to the end when it is left open)."""
-    tail_start = max(start, len(text) - _TAG_SEARCH_WINDOW)
-    opening = text.rfind("<answer>", tail_start)
+    opening = text.rfind("<answer>", start)
     if opening < 0:
         return None
     content = _ANSWER_TAG.match(text, opening).group(1).strip()

@@ -50,6 +50,15 @@ FORMS = {
         ("The answer is $\\$18$.", "18", True),  # an escaped dollar sign is not a math delimiter
         ("The best answer is option B.", "B", True),  # lm-evaluation-harness mmlu_pro's "answer is (B)" family
     ],
+    # the closing sentence of a word-problem solution, as chat models write it without a box
+    "a closing sentence with one value after a verb of result": [
+        ("16 - 3 - 4 = 9 eggs, and 9 * 2 = 18.\nJanet makes $18 every day at the farmers' market.", "18", True),
+        ("16 - 3 - 4 = 9 eggs, and 9 * 2 = 18.\nJanet makes $18 every day at the farmers' market.", "9", False),
+        ("So, she has 42 apples left.", "42", True),
+        ("Adding up the items, the total cost is $42.", "42", True),
+        ("That covers the even case. Let me now check 4 more cases.", "4", False),
+        ("She sold 3 cups and made 12 dollars.", "12", False),  # two values: which one is meant is a guess
+    ],
     "\\fbox": [
         ("So the total is \\fbox{7}.", "7", True),
         ("So the total is \\fbox{7}.", "8", False),
