@@ -27,6 +27,7 @@ _ANSWER_STATEMENT = re.compile(
     r"|\bfinal\s+answer\b[\s*_#:]*\n"  # a "Final Answer" heading
     r"|^#{4}(?!#)"  # GSM8K's #### 5
     r"|^[\s*_]*A[:：](?=[^\n]*\s*\Z)"  # the few-shot "Q: ... A: 5" as the closing line
+    r"|\b(?:option|choice)\s+is\b[\s*_]*:?"  # "The correct option is (B)"
     r"|答案[是为][:：]?", re.I | re.M)  # "the answer is" in Chinese (Qwen2.5-Math's evaluation reads it too)
 # a $ escaped as \$ is a dollar sign, not a delimiter: "$\$18$"
 _MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|(?<!\\)\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)"

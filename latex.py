@@ -67,7 +67,8 @@ def box_spans(text: str) -> list[tuple[int, int, str]]:
     tokens, starts = _brace_tokens(text, first_box)
     pairs = bracket_pairs(tokens, {"{"}, {"}"})
     spans = []
-    for index in [i for i, token in enumerate(tokens) if token in ("\\boxed", "\\fbox")]:
+    boxes = [i for i, token in enumerate(tokens) if token in ("\\boxed", "\\fbox")]
+    for index in boxes:
         start, brace = starts[index], index + 1
         if spans and start < spans[-1][1]:
             continue  # a box inside a box is not an answer of its own
@@ -75,13 +76,30 @@ def box_spans(text: str) -> list[tuple[int, int, str]]:
         if brace == len(tokens) or starts[brace] != command_end:  # "\boxed {x}" or "\boxed x"
             command_end = _SPACES.match(text, command_end).end()
         if brace < len(tokens) and starts[brace] == command_end and tokens[brace] == "{":
-            if brace in pairs:
-                spans.append((start, starts[pairs[brace]] + 1, text[command_end + 1:starts[pairs[brace]]]))
+            close = pairs.get(brace)
+            if close is None and index == boxes[-1]:  # "\boxed{5\}": a stray backslash on the closing brace
+                close = _escaped_close(tokens, brace)
+            if close is not None:
+                spans.append((start, starts[close] + len(tokens[close]), text[command_end + 1:starts[close]]))
         elif command_end > start + len(tokens[index]):  # "\boxed 5": models mean the rest of the formula
             content = _UNBRACED_BOX.match(text, command_end).group()
             if content.strip():
                 spans.append((start, command_end + len(content), content.strip()))
     return spans
+
+
+def _escaped_close(tokens: list[str], open_index: int) -> int | None:
+    """The \\} that closes the unclosed { at open_index when nothing else does, or None: the first closer at
+    its depth, counting \\{ \\} as brackets too ("\\boxed{\\{1, 2\\}" stays unclosed). Looks 200 tokens ahead."""
+    depth = 0
+    for index in range(open_index + 1, min(len(tokens), open_index + 200)):
+        if tokens[index] in ("{", "\\{"):
+            depth += 1
+        elif tokens[index] in ("}", "\\}"):
+            if depth == 0:
+                return index if tokens[index] == "\\}" else None
+            depth -= 1
+    return None
 
 
 def matching_brace(text: str, open_index: int) -> int:

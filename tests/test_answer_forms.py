@@ -32,8 +32,12 @@ FORMS = {
         ("Answer: 12\nWait, I made an error.\nAnswer: 13", "12", False),
         ("... so it is one half.\nAnswer: $\\frac{1}{2}$", "0.5", True),
     ],
-    # TinyZero / R1-Zero-style prompts: "<think> ... </think> <answer> ... </answer>"
+    # TinyZero / R1-Zero-style prompts: "<think> ... </think> <answer> ... </answer>"; the last two cases
+    # are open-r1's tests/test_rewards.py (its format test's counting response; its accuracy test's 63/400)
     "<answer> tags": [
+        ("<think>\nI will count each distinct object in the image:\n1. Purple scooter\n2. Red bicycle\n\n"
+         "There are 9 distinct objects in total.\n</think>\n<answer>9</answer>", "9", True),
+        ("\\boxed{\\frac{64}{400}}", "\\frac{63}{400}", False),
         ("<think>5 + 37 = 42</think> <answer>42</answer>", "42", True),
         ("<think>5 + 37 = 42</think> <answer>42</answer>", "43", False),
         ("<think>\nok\n</think>\n<answer>\nThe answer is $\\frac{3}{4}$\n</answer>", "0.75", True),
@@ -49,6 +53,8 @@ FORMS = {
         ("所以答案是 $42$。", "42", True),  # Qwen2.5-Math's evaluation reads "答案是" (the answer is)
         ("The answer is $\\$18$.", "18", True),  # an escaped dollar sign is not a math delimiter
         ("The best answer is option B.", "B", True),  # lm-evaluation-harness mmlu_pro's "answer is (B)" family
+        ("Comparing the four, the correct option is (B).", "B", True),
+        ("Comparing the four, the correct option is (B).", "C", False),
     ],
     # the closing sentence of a word-problem solution, as chat models write it without a box
     "a closing sentence with one value after a verb of result": [
@@ -86,6 +92,9 @@ FORMS = {
         ("\\boxed{5,}", "5", True),
         ("\\boxed{5;}", "5", True),
         ("\\boxed{5\\\\}", "6", False),
+        ("So \\boxed{5\\}", "5", True),  # a stray backslash on the closing brace
+        ("So \\boxed{\\frac{1}{2}\\}.", "0.5", True),
+        ("So \\boxed{5\\}", "6", False),
         ("\\boxed{5!}", "5", False),  # ! is a factorial, not punctuation
     ],
     # verl tests/utils/reward_score/test_numeric_canonicalization_on_cpu.py
