@@ -25,10 +25,10 @@ _ANSWER_STATEMENT = re.compile(
     r"|^[\s*_#>]*(?:final\s+)?answer[\s*_]*[:：=]"  # "Answer: 5" on a line of its own
     r"|\bfinal\s+answer[\s*_]*[:：]"  # "... Final Answer: 5"
     r"|\bfinal\s+answer\b[\s*_#:]*\n"  # a "Final Answer" heading
-    r"|^#{4}(?!#)"  # GSM8K's #### 5
-    r"|^[\s*_]*A[:：](?=[^\n]*\s*\Z)"  # the few-shot "Q: ... A: 5" as the closing line
-    r"|\b(?:option|choice)\s+is\b[\s*_]*:?"  # "The correct option is (B)"
-    r"|答案[是为][:：]?", re.I | re.M)  # "the answer is" in Chinese (Qwen2.5-Math's evaluation reads it too)
+    r"|^#{4}(?!#)", re.I | re.M)  # GSM8K's #### 5
+_RARER_STATEMENT = re.compile(r"\b(?:option|choice)\s+is\b[\s*_]*:?"  # "The correct option is (B)"
+                              r"|答案[是为][:：]?", re.I)  # "the answer is" in Chinese (Qwen2.5-Math reads it too)
+_CLOSING_A_LINE = re.compile(r"[\s*_]*A[:：]", re.I)  # the few-shot "Q: ... A: 5" as the closing line
 # a $ escaped as \$ is a dollar sign, not a delimiter: "$\$18$"
 _MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|(?<!\\)\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)"
                         r"|\\\[(.{1,500}?)\\\]", re.S)
@@ -169,11 +169,27 @@ def _final_formula(text: str) -> str | None:
     return None
 
 
+def _statement_ends(text: str, start: int, end: int) -> list[int]:
+    """Where each final-answer statement in text[start:end] ends (its value follows), in order. The regex
+    runs only where one of its words occurs (it costs ~0.15 µs a character)."""
+    lowered = text[start:end].lower()
+    ends = []
+    if "answer" in lowered or "####" in lowered:
+        ends = [statement.end() for statement in _ANSWER_STATEMENT.finditer(text, start, end)]
+    if "option" in lowered or "choice" in lowered or "答案" in lowered:
+        ends = sorted(ends + [statement.end() for statement in _RARER_STATEMENT.finditer(text, start, end)])
+    content_end = start + len(lowered.rstrip())
+    last_line = _CLOSING_A_LINE.match(text, max(start, text.rfind("\n", start, content_end) + 1), content_end)
+    if last_line and (not ends or ends[-1] <= last_line.start()):
+        ends.append(last_line.end())
+    return ends
+
+
 def _last_statement(text: str, start: int = 0) -> str | None:
     """The value of the last final-answer statement in text[start:] (within its last 4,000 characters)."""
     tail = text[max(start, len(text) - _STATEMENT_WINDOW):]
-    for statement in reversed(list(_ANSWER_STATEMENT.finditer(tail))):
-        value = _stated_value(tail[statement.end():])
+    for statement_end in reversed(_statement_ends(tail, 0, len(tail))):
+        value = _stated_value(tail[statement_end:])
         if value and (_DIGIT.search(value) or not _is_placeholder(unwrap(value))):
             return value
     return None
@@ -212,7 +228,7 @@ def _before_next_question(text: str, start: int) -> str:
     if "\nQ" not in text:
         return text
     for question in itertools.islice(_NEXT_QUESTION.finditer(text, start), 3):
-        if _ANSWER_STATEMENT.search(text, start, question.start()):
+        if _statement_ends(text, start, question.start()):
             return text[:question.start()]
     return text
 

@@ -309,7 +309,8 @@ def normalize(answer: str) -> Answer:
     if _REPEATING_HINT.search(text):
         text = _repeating_decimals(text)
     text, unit = _rewrite_text_blocks(text)
-    text = _TRAILING_BACKSLASHES.sub("", text)
+    if text.rstrip().endswith("\\"):
+        text = _TRAILING_BACKSLASHES.sub("", text)
     text = _SPELLING.sub(lambda match: _SPELLINGS[match.group()], text)
     for pattern, replacement in _REWRITES:
         text = pattern.sub(replacement, text)
