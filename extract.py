@@ -289,13 +289,13 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
     candidates = [spans[-1][2]]
     if len(spans) == 1:
         return candidates
-    several_parts = _has_several_parts(reference)
     last_boxes = _last_box_list(response, final_spans or spans)
-    if len(last_boxes) > 1 and not several_parts:
-        return [", ".join(last_boxes)]  # a hedge: several values where one is asked for
     final_boxes = list(dict.fromkeys(content.strip() for _, _, content in final_spans))
-    if 1 < len(final_boxes) <= 10 and several_parts:
-        candidates.append(", ".join(final_boxes))
+    if (len(last_boxes) > 1 or 1 < len(final_boxes) <= 10) and _has_several_parts(reference):
+        if 1 < len(final_boxes) <= 10:
+            candidates.append(", ".join(final_boxes))
+    elif len(last_boxes) > 1:
+        return [", ".join(last_boxes)]  # a hedge: several values where one is asked for
     return candidates
 
 
