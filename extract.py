@@ -225,7 +225,8 @@ def _closing_value(text: str) -> str | None:
 def _before_next_question(text: str, start: int) -> str:
     """A few-shot answer that runs on into a question of its own ("... The answer is 4.\n\nQ: ...") ends
     where that question begins (evaluation harnesses stop generating at "Q:" for this reason)."""
-    if "\nQ" not in text:
+    start = max(start, len(text) - _STATEMENT_WINDOW)  # as for statements: the end of the response
+    if text.find("\nQ", start) < 0:
         return text
     for question in itertools.islice(_NEXT_QUESTION.finditer(text, start), 3):
         if _statement_ends(text, start, question.start()):
