@@ -5,9 +5,9 @@ Two stages:
 - normalize() turns an answer into a canonical string (spacing, \\left/\\right, \\dfrac, \\text{},
   currency, thousands separators, percent spellings); fast_verdict() decides most pairs from those strings
   without sympy (identical text, plain numbers as exact fractions, words, multiple-choice letters);
-- what is left is parsed from LaTeX straight into sympy objects by a small recursive-descent parser of our
-  own (no eval, no ANTLR) and compared exactly by answers_equal(): no floating tolerance, except for a
-  reference written as a rounded decimal (see README, "Rewards", for every policy).
+- what is left is parsed from LaTeX straight into sympy objects (latex.py's parse_answer) and compared
+  exactly by answers_equal(): no floating tolerance, except for a reference written as a rounded decimal
+  (see docs/reward.md for every policy).
 
 equivalent() is the whole check; it never raises, but it may take unbounded time on hostile input.
 
@@ -19,86 +19,23 @@ import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from itertools import accumulate
 
 import sympy
 
+from latex import (
+    CONSTANTS,
+    INEQUALITIES,
+    Reject,
+    as_set,
+    box_spans,
+    is_set_like,
+    matching_brace,
+    parse_answer,
+    split_top,
+    tokenize,
+)
+
 MAX_ANSWER_CHARS = 1000  # a longer "answer" only equals an identical reference: no real answer is this long
-MAX_LITERAL_DIGITS = 400
-MAX_SCI_EXPONENT = 400  # 3.2e5 yes, 1e999999999 no
-MAX_POWER_BITS = 100_000  # refuse exact integers beyond ~30,000 digits (9^{9^{9^9}} would never finish)
-MAX_EXPONENT = 100_000  # for any base but a bare symbol: x^{10^{100}} is fine, (2x)^{10^{100}} is not
-MAX_FACTORIAL = 10_000
-MAX_NESTING = 60  # deeper input is garbage; the limit keeps the parser far from Python's recursion limit
-
-# ----------------------------------------------------------------------------------------------------
-# Brackets: the one scanner (boxes, \text{} blocks and the parser's top-level splits all use it)
-
-_BRACE_SPLIT = re.compile(r"(\\(?:boxed|fbox)(?![a-zA-Z])|\\[{}\\]|[{}])")  # the group keeps the tokens
-_SPACES = re.compile(r"[ \t]*")
-_UNBRACED_BOX = re.compile(r"[^$\n]{0,200}")
-
-
-def bracket_pairs(tokens: list[str], openers: set[str], closers: set[str]) -> dict[int, int]:
-    """Index of each opening token -> index of the token that closes it, in one pass. Any closer closes the
-    innermost open bracket (so the half-open interval (3,4] is one pair); unclosed openers are left out.
-
-    >>> bracket_pairs(list("(a[b]c)("), {"(", "["}, {")", "]"})
-    {2: 4, 0: 6}
-    """
-    pairs, open_indices = {}, []
-    for index, token in enumerate(tokens):
-        if token in openers:
-            open_indices.append(index)
-        elif token in closers and open_indices:
-            pairs[open_indices.pop()] = index
-    return pairs
-
-
-def _brace_tokens(text: str, start: int) -> tuple[list[str], list[int]]:
-    """The brace-level tokens of text[start:] and where each starts (split + accumulate run in C: a
-    megabyte of braces takes well under a second)."""
-    parts = _BRACE_SPLIT.split(text[start:] if start else text)
-    offsets = list(accumulate(map(len, parts), initial=start))  # offsets[k]: where parts[k] starts
-    return parts[1::2], offsets[1::2]
-
-
-def box_spans(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, content) of every complete \\boxed{...} / \\fbox{...} (and "\\boxed x"), outermost only,
-    in order; linear time.
-
-    >>> box_spans("a \\\\boxed{x^{2}} b \\\\fbox{3} \\\\boxed{")
-    [(2, 15, 'x^{2}'), (18, 26, '3')]
-    """
-    first_box = min((i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0), default=-1)
-    if first_box < 0:
-        return []
-    tokens, starts = _brace_tokens(text, first_box)
-    pairs = bracket_pairs(tokens, {"{"}, {"}"})
-    spans = []
-    for index in [i for i, token in enumerate(tokens) if token in ("\\boxed", "\\fbox")]:
-        start, brace = starts[index], index + 1
-        if spans and start < spans[-1][1]:
-            continue  # a box inside a box is not an answer of its own
-        command_end = start + len(tokens[index])
-        if brace == len(tokens) or starts[brace] != command_end:  # "\boxed {x}" or "\boxed x"
-            command_end = _SPACES.match(text, command_end).end()
-        if brace < len(tokens) and starts[brace] == command_end and tokens[brace] == "{":
-            if brace in pairs:
-                spans.append((start, starts[pairs[brace]] + 1, text[command_end + 1:starts[pairs[brace]]]))
-        elif command_end > start + len(tokens[index]):  # "\boxed 5": models mean the rest of the formula
-            content = _UNBRACED_BOX.match(text, command_end).group()
-            if content.strip():
-                spans.append((start, command_end + len(content), content.strip()))
-    return spans
-
-
-def matching_brace(text: str, open_index: int) -> int:
-    """Index of the } that closes the { at open_index, or -1."""
-    tokens, starts = _brace_tokens(text, open_index)
-    pairs = bracket_pairs(tokens, {"{"}, {"}"})
-    return starts[pairs[0]] if 0 in pairs else -1
-
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,9 +183,50 @@ def _without_approximation(text: str) -> str:
     value only when nothing exact precedes it ("x \\approx 11" -> "11")."""
     parts = [part.strip() for part in _APPROX.split(text)]
     exact = parts[0].replace(" ", "")
-    if exact and (not _NAME_LIKE.fullmatch(exact) or exact in _CONSTANTS):
+    if exact and (not _NAME_LIKE.fullmatch(exact) or exact in CONSTANTS):
         return parts[0]
     return parts[-1]
+
+
+_TRAILING_BACKSLASHES = re.compile(r"(?<!\\)(?:\\\\|\\)+\s*$")  # "5 \\\\" (a row break) or a stray "5\\"
+_REPEATING_HINT = re.compile(r"\.{3}|…|dots|repeat|recurr|\\dot|\\bar|\d\.\d*\(")
+_ELLIPSIS_DECIMAL = re.compile(r"(\d+\.)(\d+)\s*(?:\.{3}|…|\\[lc]?dots(?![a-zA-Z]))")
+_WORDED_DECIMAL = re.compile(r"(\d+\.)(\d+)\s*(?:\\text\{\s*)?(?:repeating|recurring)\b(?:\s*\})?", re.I)
+_BRACKETED_DECIMAL = re.compile(r"(\d+\.\d*)\((\d+)\)(?![\d(])")
+_DOTTED_DECIMAL = re.compile(r"(?<=[\d.])\\dot\{?(\d)\}?(?:(\d*)\\dot\{?(\d)\}?)?")
+_BARRED_DECIMAL = re.compile(r"(?<=[\d.])\\bar\{(\d+)\}")
+
+
+def _repeat_of(digits: str) -> tuple[str, str] | None:
+    """(fixed, repeating) of digits that end in a period written out at least twice ("1666" -> ("1", "6"),
+    "121212" -> ("", "12")); None when they do not ("14159")."""
+    for length in range(1, 7):
+        unit, count = digits[-length:], 0
+        while digits.endswith(unit * (count + 1)):
+            count += 1
+        if count >= 2 and len(unit) == length:
+            return digits[:len(digits) - count * length], unit
+    return None
+
+
+def _repeating_decimals(text: str) -> str:
+    """Repeating decimals in the forms people write them, as 0.1\\overline{6} (which the parser reads):
+    0.1666..., 0.333\\ldots, "0.3 repeating", 0.(3), 0.\\dot{3}, 0.\\dot{1}4285\\dot{7}, 0.\\bar{3}. A
+    decimal cut off with ... that shows no period (3.14159...) is its digits."""
+    def ellipsis(match: re.Match) -> str:
+        repeat = _repeat_of(match.group(2))
+        if not repeat:  # a decimal cut off: its digits (3.14159... is 3.14159, which precision then judges)
+            return match.group(1) + match.group(2)
+        return f"{match.group(1)}{repeat[0]}\\overline{{{repeat[1]}}}"
+
+    def worded(match: re.Match) -> str:
+        fixed, unit = _repeat_of(match.group(2)) or ("", match.group(2))
+        return f"{match.group(1)}{fixed}\\overline{{{unit}}}"
+    text = _ELLIPSIS_DECIMAL.sub(ellipsis, text)
+    text = _WORDED_DECIMAL.sub(worded, text)
+    text = _BRACKETED_DECIMAL.sub(r"\1\\overline{\2}", text)
+    text = _DOTTED_DECIMAL.sub(lambda m: f"\\overline{{{m.group(1)}{m.group(2) or ''}{m.group(3) or ''}}}", text)
+    return _BARRED_DECIMAL.sub(r"\\overline{\1}", text)
 
 
 def undouble_backslashes(text: str) -> str:
@@ -328,7 +306,11 @@ def normalize(answer: str) -> Answer:
     if _SPACE_GROUPED.fullmatch(text.strip()):
         text = text.replace(" ", "")
     text = _SPACING.sub(lambda match: "\\\\" if match.group() == "\\\\" else " ", text)  # keep \\ rows
+    if _REPEATING_HINT.search(text):
+        text = _repeating_decimals(text)
     text, unit = _rewrite_text_blocks(text)
+    if text.rstrip().endswith("\\"):
+        text = _TRAILING_BACKSLASHES.sub("", text)
     text = _SPELLING.sub(lambda match: _SPELLINGS[match.group()], text)
     for pattern, replacement in _REWRITES:
         text = pattern.sub(replacement, text)
@@ -340,7 +322,7 @@ def normalize(answer: str) -> Answer:
         unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
         text = text[:trailing.start()]
     text, unit = _read_degrees(text, unit)
-    text = text.strip().rstrip(".").strip()
+    text = text.strip().rstrip(".,;:").strip()
     percent = text.endswith("%")
     text = text.rstrip("%").strip()
     if _GROUPED_NUMBER.fullmatch(text):  # before spaces go: "1, 234" is a list
@@ -364,7 +346,11 @@ _PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
 _SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?(?:([aApP])[mM])?")
 _CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
-_LEADING_CHOICE = re.compile(r"\(?([A-Ea-e])\)?(?![A-Za-z])")
+# A letter answer: the letter alone ("C", "(c)", "**C**"), or labelled and followed by its option's text
+# ("(C) 12", "C: 12"); the text may name no other option ("(A),(B)" is two answers).
+_CHOICE_ANSWER = re.compile(r"(?i:option|choice)?\**(?:\(([A-Ea-e])\)|([A-Ea-e]))\**"
+                            r"|(?:\(([A-Ea-e])\)|([A-E])[:)])(?![-+*/^,;=])(.+)")
+_OTHER_CHOICE = re.compile(r"(?<![A-Za-z\\])\(?[A-E]\)?(?![A-Za-z])")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
 _FUNCTION_NAME = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi")
 
@@ -492,8 +478,7 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
     ref_text = ref_base[1] if ref_base else ref.text
     choice = _CHOICE.fullmatch(ref_text)
     if choice:
-        leading = _LEADING_CHOICE.match(pred_text)
-        return bool(leading) and leading.group(1).upper() == (choice.group(1) or choice.group(2)).upper()
+        return _choice_of(pred_text) == (choice.group(1) or choice.group(2)).upper()
     if _is_words(ref_text) or _is_words(pred_text):
         return pred_text.lower() == ref_text.lower()
     pred_text, ref_text = _read_decimal_commas(pred_text, ref_text)
@@ -502,6 +487,15 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
         return None
     return _numbers_agree(Answer(pred_text, pred.unit, pred.percent), pred_value,
                           Answer(ref_text, ref.unit, ref.percent), ref_value)
+
+
+def _choice_of(text: str) -> str | None:
+    """The one option letter an answer gives (upper case), or None: none, or more than one ("A, C",
+    "(A) or (B)", "A+1": a hedge earns nothing)."""
+    answer = _CHOICE_ANSWER.fullmatch(text)
+    if not answer or (answer.group(5) and _OTHER_CHOICE.search(answer.group(5))):
+        return None
+    return next(letter for letter in answer.groups() if letter).upper()
 
 
 def _time_of_day(answer: Answer) -> int | None:
@@ -522,505 +516,6 @@ def _is_words(text: str) -> bool:
     """A word answer (\\text{Thursday}, east, Evelyn), as opposed to a formula in single-letter names."""
     return bool(_WORDS.fullmatch(text) and re.search(r"[A-Za-z]{3,}", text) and not _FUNCTION_NAME.match(text))
 
-
-# ----------------------------------------------------------------------------------------------------
-# LaTeX -> sympy (runs only in worker processes)
-
-class _Reject(Exception):
-    """The text is not an answer we can read (or reading it would cost too much)."""
-
-
-_TOKEN = re.compile(r"""
-    (?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+(?![a-zA-Z]))?)
-  | (?P<environment>\\(?:begin|end)\{[a-zA-Z*]+\})
-  | (?P<command>\\[a-zA-Z]+|\\[^a-zA-Z])
-  | (?P<name>(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi)
-  | (?P<letter>[a-zA-Z])
-  | (?P<symbol>\S)
-""", re.X)
-_OPENERS = {"(", "[", "{", "\\{"}
-_CLOSERS = {")", "]", "}", "\\}"}
-_RELATIONS = {"=": "==", "<": "<", ">": ">", "\\leq": "<=", "\\geq": ">=", "\\neq": "!="}
-_CONSTANTS = {"\\pi": sympy.pi, "\\infty": sympy.oo, "\\emptyset": sympy.S.EmptySet,
-              "\\varnothing": sympy.S.EmptySet}
-_GREEK = {"\\" + name for name in (
-    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
-    "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega").split()}
-_FUNCTIONS = {
-    "\\sin": sympy.sin, "\\cos": sympy.cos, "\\tan": sympy.tan, "\\cot": sympy.cot, "\\sec": sympy.sec,
-    "\\csc": sympy.csc, "\\arcsin": sympy.asin, "\\arccos": sympy.acos, "\\arctan": sympy.atan,
-    "\\arccot": sympy.acot, "\\arcsec": sympy.asec, "\\arccsc": sympy.acsc, "\\sinh": sympy.sinh,
-    "\\cosh": sympy.cosh, "\\tanh": sympy.tanh, "\\coth": sympy.coth, "\\sech": sympy.sech,
-    "\\csch": sympy.csch, "\\exp": sympy.exp, "\\ln": sympy.log, "\\log": sympy.log, "\\gcd": sympy.gcd,
-    "\\lcm": sympy.lcm, "\\max": sympy.Max, "\\min": sympy.Min, "\\sqrt": sympy.sqrt,
-}
-_INVERSES = {"\\sin": sympy.asin, "\\cos": sympy.acos, "\\tan": sympy.atan, "\\cot": sympy.acot,
-             "\\sec": sympy.asec, "\\csc": sympy.acsc}
-UNKNOWN_LOG_BASE = sympy.Symbol("log_base", positive=True)
-_MULTIPLY = {"*", "\\cdot", "\\times", "\\ast"}
-_DIVIDE = {"/", "\\div", ":"}  # a ratio 7:32 is the number 7/32
-_SIGNS = {"+", "-", "\\pm", "\\mp"}
-_MATRICES = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix"}
-_BLACKBOARD = {"R": sympy.S.Reals, "Z": sympy.S.Integers, "N": sympy.S.Naturals0, "Q": sympy.S.Rationals,
-               "C": sympy.S.Complexes}
-
-
-def tokenize(text: str) -> list[str]:
-    """LaTeX tokens; a bare function name (sin, log) becomes its command.
-
-    >>> tokenize("2\\\\frac{x}{3}+sin y")
-    ['2', '\\\\frac', '{', 'x', '}', '{', '3', '}', '+', '\\\\sin', 'y']
-    """
-    return ["\\" + m.group() if m.lastgroup == "name" else m.group() for m in _TOKEN.finditer(text)]
-
-
-def _is_number(token: str) -> bool:
-    return token[:1].isdigit() or (token[:1] == "." and token[1:2].isdigit())
-
-
-def _bits(value: sympy.Rational) -> int:
-    return max(int(value.p).bit_length(), int(value.q).bit_length())
-
-
-def _power(base, exponent):
-    """base^exponent, refusing the exact numbers sympy would spend forever computing (9^{9^{9^9}})."""
-    if not (isinstance(base, sympy.Expr) and isinstance(exponent, sympy.Expr)):
-        raise _Reject("power of a non-number")
-    if exponent.is_Rational and base not in (0, 1, -1):
-        if base.is_Rational and abs(exponent.p) * _bits(base) > MAX_POWER_BITS:
-            raise _Reject("power too large")
-        if not base.is_Symbol and abs(exponent.p) > MAX_EXPONENT:  # (y/9)^n computes 9^n
-            raise _Reject("power too large")
-    return sympy.Pow(base, exponent)
-
-
-def _factorial(value):
-    if value.is_number and (not value.is_Integer or value > MAX_FACTORIAL):
-        raise _Reject("factorial too large")
-    return sympy.factorial(value)
-
-
-def _repeating_decimal(literal: str, repeating: str) -> sympy.Rational:
-    """0.1\\overline{6} -> 1/6."""
-    whole, fixed = literal.split(".")
-    without = int(whole + fixed or "0")
-    denominator = 10 ** len(fixed) * (10 ** len(repeating) - 1)
-    return sympy.Rational(int(whole + fixed + repeating) - without, denominator)
-
-
-class _Parser:
-    """Recursive descent from LaTeX tokens to sympy objects; `pm_sign` picks one reading of \\pm."""
-
-    def __init__(self, tokens: list[str], pm_sign: int = 1):
-        self.tokens = list(tokens)
-        self.position = 0
-        self.depth = 0
-        self.abs_depth = 0
-        self.trig_depth = 0  # inside a trigonometric function's argument, where 30° means pi/6
-        self.pm_sign = pm_sign
-
-    def peek(self) -> str:
-        return self.tokens[self.position] if self.position < len(self.tokens) else ""
-
-    def upcoming(self, *pattern: str) -> list[str] | None:
-        """The next tokens if they fit the pattern ("#" stands for a run of digits), else None."""
-        tokens = self.tokens[self.position:self.position + len(pattern)]
-        fits = len(tokens) == len(pattern) and all(token.isdigit() if expected == "#" else token == expected
-                                                   for token, expected in zip(tokens, pattern))
-        return tokens if fits else None
-
-    def take(self) -> str:
-        token = self.peek()
-        if not token:
-            raise _Reject("unexpected end")
-        self.position += 1
-        return token
-
-    def expect(self, *options: str) -> str:
-        token = self.take()
-        if token not in options:
-            raise _Reject(f"expected {options}, got {token!r}")
-        return token
-
-    def parse(self):
-        value = self.relation()
-        if self.peek():
-            raise _Reject(f"unexpected {self.peek()!r}")
-        return value
-
-    def relation(self):
-        left = self.sum()
-        relations = []
-        while self.peek() in _RELATIONS:
-            operator = _RELATIONS[self.take()]
-            right = self.sum()
-            relations.append(sympy.Rel(left, right, operator, evaluate=False))
-            left = right
-        if len(relations) > 1:
-            return sympy.And(*relations)
-        return relations[0] if relations else left
-
-    def signed(self, sign: str, value):
-        if sign in ("\\pm", "\\mp"):
-            return value * (self.pm_sign if sign == "\\pm" else -self.pm_sign)
-        return -value if sign == "-" else value
-
-    def sum(self):
-        value = self.term()
-        while self.peek() in _SIGNS:
-            sign = self.take()
-            value = value + self.signed(sign, self.term())
-        return value
-
-    def term(self):
-        value = self.unary()
-        while True:
-            token = self.peek()
-            if token in _MULTIPLY:
-                self.take()
-                value = value * self.unary()
-            elif token in _DIVIDE:
-                self.take()
-                value = value / self.unary()
-            elif self.starts_factor(token):  # implicit multiplication: 2x, 3\sqrt{5}, (a+5)(b+2)
-                value = value * self.power()
-            else:
-                return value
-
-    def unary(self):
-        if self.peek() in _SIGNS:
-            sign = self.take()
-            return self.signed(sign, self.nested(self.unary))
-        return self.power()
-
-    def power(self):
-        value = self.postfix(self.atom())
-        if self.peek() == "^":
-            self.take()
-            value = self.postfix(_power(value, self.script()))
-        return value
-
-    def postfix(self, value):
-        while self.peek() in ("!", "%", "°"):
-            token = self.take()
-            if token == "!":
-                value = _factorial(value)
-            else:
-                value = value / 100 if token == "%" else value * (sympy.pi / 180 if self.trig_depth else 1)
-        return value
-
-    def nested(self, parse, *args):
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise _Reject("nested too deeply")
-        try:
-            return parse(*args)
-        finally:
-            self.depth -= 1
-
-    def starts_factor(self, token: str) -> bool:
-        if _is_number(token) or (len(token) == 1 and token.isalpha()) or token in ("(", "{"):
-            return True
-        if token == "|":
-            return self.abs_depth == 0
-        return token in _CONSTANTS or token in _GREEK or token in _FUNCTIONS or token.startswith("\\begin") \
-            or token in ("\\frac", "\\binom", "\\lfloor", "\\lceil", "\\mathbb")
-
-    def group(self, closer: str = "}"):
-        self.take()
-        value = self.nested(self.relation)
-        self.expect(closer)
-        return value
-
-    def script(self):
-        """The argument of ^ or _: a {group}, a signed script, or one token (a whole number: x^10)."""
-        token = self.peek()
-        if token == "{":
-            return self.group()
-        if token in ("-", "+"):
-            self.take()
-            return self.signed(token, self.script())
-        return self.nested(self.atom, True)
-
-    def argument(self):
-        """A macro argument: a {group} or one token (\\frac12 is 1/2)."""
-        token = self.peek()
-        if token == "{":
-            return self.group()
-        if token.isdigit() and len(token) > 1:
-            self.tokens[self.position] = token[1:]
-            return sympy.Integer(token[0])
-        return self.nested(self.atom, True)
-
-    def atom(self, single: bool = False):
-        token = self.take()
-        if _is_number(token):
-            return self.number(token, single)
-        if len(token) == 1 and token.isalpha():
-            return self.letter(token, single)
-        if token in ("(", "["):
-            self.position -= 1
-            return self.group(")" if token == "(" else "]")
-        if token == "{":
-            self.position -= 1
-            return self.group()
-        if token == "|":
-            self.abs_depth += 1
-            value = self.nested(self.relation)
-            self.abs_depth -= 1
-            self.expect("|")
-            return sympy.Abs(value)
-        return self.nested(self.command, token)
-
-    def number(self, literal: str, single: bool):
-        if len(literal) > MAX_LITERAL_DIGITS:
-            raise _Reject("number too long")
-        mantissa, _, exponent = literal.lower().partition("e")
-        if exponent and abs(int(exponent)) > MAX_SCI_EXPONENT:
-            raise _Reject("exponent too large")
-        value = sympy.Rational(Fraction(literal))
-        if single:
-            return value
-        if "." in literal and (overline := self.upcoming("\\overline", "{", "#", "}")):
-            self.position += 4
-            return _repeating_decimal(literal, overline[2])
-        if not literal.isdigit():
-            return value
-        if base := self.upcoming("_", "#") or self.upcoming("_", "{", "#", "}"):
-            self.position += len(base)  # 52_8: the digits are the answer, the base is the question's
-            return value
-        mixed = self.upcoming("\\frac", "{", "#", "}", "{", "#", "}")
-        if mixed and int(mixed[2]) < int(mixed[5]):
-            self.position += 7  # a mixed number: 2\frac{1}{2} is 5/2, not a product
-            return value + sympy.Rational(int(mixed[2]), int(mixed[5]))
-        return value
-
-    def letter(self, letter: str, single: bool):
-        if not single and self.peek() == "_":
-            self.take()
-            if self.peek() == "{":
-                start = self.position
-                self.group()
-                subscript = "".join(self.tokens[start + 1:self.position - 1])
-            else:
-                subscript = self.take()
-            return sympy.Symbol(f"{letter}_{subscript}")
-        return {"e": sympy.E, "i": sympy.I}.get(letter) or sympy.Symbol(letter)
-
-    def command(self, name: str):
-        if name in _CONSTANTS:
-            return _CONSTANTS[name]
-        if name in _GREEK:
-            return sympy.Symbol(name[1:])
-        if name == "\\frac":
-            return self.argument() / self.argument()
-        if name == "\\sqrt" and self.peek() == "[":
-            index = self.group("]")
-            return sympy.root(self.argument(), index)
-        if name == "\\sqrt":
-            return sympy.sqrt(self.argument())
-        if name == "\\binom":
-            top, bottom = self.argument(), self.argument()
-            if top.is_number and top > MAX_FACTORIAL:
-                raise _Reject("binomial too large")
-            return sympy.binomial(top, bottom)
-        if name in _FUNCTIONS:
-            return self.function(name)
-        if name in ("\\lfloor", "\\lceil"):
-            value = self.relation()
-            self.expect("\\rfloor" if name == "\\lfloor" else "\\rceil")
-            return sympy.floor(value) if name == "\\lfloor" else sympy.ceiling(value)
-        if name == "\\mathbb":
-            self.expect("{")
-            letter = self.take()
-            self.expect("}")
-            if letter not in _BLACKBOARD:
-                raise _Reject(f"unknown set {letter}")
-            return _BLACKBOARD[letter]
-        if name.startswith("\\begin{") and name[7:-1] in _MATRICES:
-            return self.matrix(name[7:-1])
-        raise _Reject(f"unsupported {name}")
-
-    def function(self, name: str):
-        base = None
-        if name == "\\log" and self.peek() == "_":
-            self.take()
-            base = self.script()
-        exponent = None
-        if self.peek() == "^":
-            self.take()
-            exponent = self.script()
-        self.trig_depth += name in _INVERSES  # the six trigonometric functions
-        try:
-            arguments = self.arguments()
-        finally:
-            self.trig_depth -= name in _INVERSES
-        if name in ("\\gcd", "\\lcm", "\\max", "\\min"):
-            value = _FUNCTIONS[name](*arguments)
-        elif len(arguments) != 1:
-            raise _Reject(f"{name} takes one argument")
-        elif base is not None:
-            value = sympy.log(arguments[0], base)
-        elif name == "\\log":  # no base written: equal only where equal in every base (see README)
-            value = sympy.log(arguments[0]) / sympy.log(UNKNOWN_LOG_BASE)
-        elif exponent == -1 and name in _INVERSES:
-            return _INVERSES[name](arguments[0])
-        else:
-            value = _FUNCTIONS[name](arguments[0])
-        return value if exponent is None else _power(value, exponent)
-
-    def arguments(self) -> list:
-        if self.peek() == "(":
-            self.take()
-            arguments = [self.nested(self.relation)]
-            while self.peek() == ",":
-                self.take()
-                arguments.append(self.nested(self.relation))
-            self.expect(")")
-            return arguments
-        argument = self.power()  # \sin 2x is sin(2x): the argument stops at an operator or the next function
-        while self.starts_factor(self.peek()) and self.peek() not in _FUNCTIONS:
-            argument = argument * self.power()
-        return [argument]
-
-    def matrix(self, environment: str):
-        rows = [[]]
-        end = f"\\end{{{environment}}}"
-        while True:
-            if self.peek() == end:
-                self.take()
-                break
-            rows[-1].append(self.nested(self.relation))
-            separator = self.expect("&", "\\\\", end)
-            if separator == "\\\\" and self.peek() != end:
-                rows.append([])
-            elif separator == end:
-                break
-        if len({len(row) for row in rows}) != 1 or not rows[0]:
-            raise _Reject("ragged matrix")
-        if not all(isinstance(entry, sympy.Expr) for row in rows for entry in row):
-            raise _Reject("matrix of non-numbers")
-        return sympy.ImmutableMatrix(rows)
-
-
-def _bracket_kind(token: str) -> str:
-    """Brackets of every kind as "(" or ")" for the scanner: (), [], {}, \\{\\}, \\begin...\\end."""
-    if token in _OPENERS or token.startswith("\\begin"):
-        return "("
-    if token in _CLOSERS or token.startswith("\\end"):
-        return ")"
-    return token
-
-
-def split_top(tokens: list[str], separators: set[str]) -> list[list[str]]:
-    """Split at separators outside any brackets; (3,4] counts as one bracket pair."""
-    pairs = bracket_pairs([_bracket_kind(token) for token in tokens], {"("}, {")"})
-    parts, current, index = [], [], 0
-    while index < len(tokens):
-        if tokens[index] in separators:
-            parts.append(current)
-            current = []
-        else:
-            end = pairs.get(index, index) + 1  # a bracketed group goes whole into the current part
-            current.extend(tokens[index:end])
-            index = end - 1
-        index += 1
-    parts.append(current)
-    return parts
-
-
-def _closes_at_end(tokens: list[str]) -> bool:
-    """Whether the bracket opened by the first token is closed by the last one."""
-    return bracket_pairs([_bracket_kind(token) for token in tokens], {"("}, {")"}).get(0) == len(tokens) - 1
-
-
-def _flatten(items: list) -> list:
-    """Splice the two readings of a \\pm item into the list around it."""
-    return [value for item in items for value in (item if isinstance(item, list) else [item])]
-
-
-def parse_answer(text: str):
-    """A normalised answer as sympy: an Expr, a relation, a Set (intervals), a Matrix, a tuple (ordered)
-    or a list (unordered: bare lists, \\{...\\} and the two values of a \\pm)."""
-    tokens = tokenize(text)
-    if not tokens:
-        raise _Reject("empty")
-    pieces = split_top(tokens, {"\\cup"})
-    if len(pieces) > 1:
-        return sympy.Union(*(_as_set(_parse_item(piece)) for piece in pieces))
-    items = split_top(tokens, {",", ";"})
-    if len(items) > 1:
-        return _flatten([_parse_item(item) for item in items])
-    return _parse_item(tokens)
-
-
-def _parse_item(tokens: list[str]):
-    if not tokens:
-        raise _Reject("empty item")
-    opener, closer = tokens[0], tokens[-1]
-    if opener == "\\{" and closer == "\\}" and _closes_at_end(tokens):
-        inner = tokens[1:-1]
-        if not inner:
-            return sympy.S.EmptySet
-        return _flatten([_parse_item(item) for item in split_top(inner, {",", ";"})])
-    if opener in ("(", "[") and closer in (")", "]") and _closes_at_end(tokens):
-        parts = split_top(tokens[1:-1], {","} if "," in tokens else {";"})  # (0;-2;6) is a triple
-        if len(parts) > 1:
-            values = [_parse_item(part) for part in parts]
-            infinite = any(value in (sympy.oo, -sympy.oo) for value in values)
-            if len(values) == 2 and (opener + closer != "()" or infinite):
-                if (values[0] > values[1]) is sympy.true:
-                    raise _Reject("an interval from a larger number to a smaller one")  # [15,-29) is no set
-                return sympy.Interval(values[0], values[1], opener == "(", closer == ")")
-            if opener + closer not in ("()", "[]"):
-                raise _Reject("half-open bracket around a tuple")
-            return tuple(values)
-        if opener + closer == "()":  # ((1, 2)) or (\{1, 2\}): the answer inside
-            return _parse_item(tokens[1:-1])
-    value = _Parser(tokens).parse()
-    if "\\pm" in tokens or "\\mp" in tokens:  # 1 \pm \sqrt{2}: both readings, as an unordered list
-        return [value, _Parser(tokens, pm_sign=-1).parse()]
-    return value
-
-
-def _is_set_like(value) -> bool:
-    return isinstance(value, (sympy.Set, sympy.And)) or (
-        isinstance(value, sympy.core.relational.Relational) and not isinstance(value, sympy.Equality))
-
-
-def _as_set(value) -> sympy.Set:
-    if isinstance(value, sympy.Set):
-        return value
-    if isinstance(value, tuple) and len(value) == 2 and (value[0] < value[1]) is sympy.true:
-        return sympy.Interval.open(*value)
-    if isinstance(value, list):
-        return sympy.Union(*map(_as_set, value))
-    if _is_set_like(value):
-        symbols = value.free_symbols
-        if len(symbols) != 1:
-            return _range_between(value)
-        variable = symbols.pop()
-        parts = value.args if isinstance(value, sympy.And) else [value]
-        return sympy.Intersection(*(sympy.solveset(part, variable, sympy.S.Reals) for part in parts))
-    raise _Reject("not a set")
-
-
-def _range_between(chain) -> sympy.Interval:
-    """The values a chain between two numbers allows, whatever it bounds: 0 < f(x) < 1 is (0, 1)."""
-    if not (isinstance(chain, sympy.And) and len(chain.args) == 2
-            and all(isinstance(part, _INEQUALITIES) for part in chain.args)):
-        raise _Reject("not an inequality in one variable")
-    bounds = []  # (lower?, number, strict?) of each part, read as "middle > number" or "middle < number"
-    for part in chain.args:
-        number, middle = (part.lhs, part.rhs) if part.lhs.is_number else (part.rhs, part.lhs)
-        if not number.is_number or middle.is_number:
-            raise _Reject("not a chain between two numbers")
-        below = isinstance(part, (sympy.LessThan, sympy.StrictLessThan)) == (number is part.lhs)
-        bounds.append((below, number, isinstance(part, (sympy.StrictLessThan, sympy.StrictGreaterThan))))
-    (low_below, low, low_strict), (high_below, high, high_strict) = sorted(bounds, key=lambda b: not b[0])
-    if not low_below or high_below:
-        raise _Reject("not a chain between two numbers")
-    return sympy.Interval(low, high, low_strict, high_strict)
 
 
 def _sets_equal(a: sympy.Set, b: sympy.Set) -> bool:
@@ -1132,14 +627,15 @@ def _lists_equal(a: list | tuple, b: list | tuple) -> bool:
     return True
 
 
-_INEQUALITIES = (sympy.LessThan, sympy.StrictLessThan, sympy.GreaterThan, sympy.StrictGreaterThan)
 
 
 def answers_equal(a, b) -> bool:
     """Equivalence of two parsed answers (see parse_answer for the kinds)."""
     a = a[0] if isinstance(a, list) and len(a) == 1 else a
     b = b[0] if isinstance(b, list) and len(b) == 1 else b
-    if isinstance(a, _INEQUALITIES) and isinstance(b, _INEQUALITIES) \
+    if isinstance(a, list) and isinstance(b, sympy.Expr):  # several values for one: each must be it, or
+        return all(answers_equal(item, b) for item in a)  # it is a hedge (15\frac{39}{40} or \frac{639}{40}: one)
+    if isinstance(a, INEQUALITIES) and isinstance(b, INEQUALITIES) \
             and len(a.free_symbols | b.free_symbols) > 1:
         return _relations_equal(a, b)
     if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
@@ -1147,8 +643,8 @@ def answers_equal(a, b) -> bool:
             return all(map(_expr_equal, a, b))
         a_vector, b_vector = _as_vector(a), _as_vector(b)
         return None not in (a_vector, b_vector) and _lists_equal(tuple(a_vector), tuple(b_vector))
-    if _is_set_like(a) or _is_set_like(b):
-        return _sets_equal(_as_set(a), _as_set(b))
+    if is_set_like(a) or is_set_like(b):
+        return _sets_equal(as_set(a), as_set(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return _lists_equal(a, b)
     if isinstance(a, sympy.Equality) or isinstance(b, sympy.Equality):
@@ -1245,7 +741,7 @@ def equivalent(prediction: str, reference: str) -> bool:
         try:
             if _compare(pred, ref):
                 return True
-        except _Reject:
+        except Reject:
             pass  # "(p,q) = (3,2)" does not parse as a whole; its value may
         return _compare_defined_values(pred, ref)
     except Exception:  # sympy raises many kinds on odd input; any of them means "not shown equal"

@@ -317,7 +317,7 @@ def test_is_equiv(prediction, reference, expected):
     ("\\fbox{7}", "7"),
     ("hence $\\boxed 5$.", "5"),
     ("\\boxed{\\boxed{3}}", "\\boxed{3}"),
-    ("\\boxed{}", ""),
+    ("\\boxed{}", None),  # an empty box is no answer (docs/reward.md, "Boxes that are not answers")
     ("no box here, the answer is 5", "5"),
     ("no box here and no statement", None),
     ("\\boxed{1} and at the end an unclosed \\boxed{2", "1"),
@@ -359,7 +359,9 @@ def test_math_reward_falls_back_to_a_stated_final_answer(response, reference, ex
     ("The roots are \\boxed{-2} and \\boxed{1}.", "1, -2", 1.0),
     ("<think>maybe \\boxed{3}</think> The roots are \\boxed{1} and \\boxed{-2}.", "1,-2", 1.0),
     ("maybe \\boxed{3}. The roots are \\boxed{1} and \\boxed{-2}.", "1,-2", 0.0),
-    ("The point has \\boxed{2} and \\boxed{3}.", "(2,3)", 0.0),
+    # boxes listed together are one answer, the list (docs/reward.md): in order, the point (2, 3)
+    ("The point has \\boxed{2} and \\boxed{3}.", "(2,3)", 1.0),
+    ("The point has \\boxed{3} and \\boxed{2}.", "(2,3)", 0.0),
 ])
 def test_last_box_wins_unless_the_reference_has_several_parts(response, reference, expected):
     assert math_reward(response, reference) == expected
