@@ -33,7 +33,14 @@ _CLOSING_A_LINE = re.compile(r"[\s*_]*A[:：]", re.I)  # the few-shot "Q: ... A:
 _MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|(?<!\\)\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)"
                         r"|\\\[(.{1,500}?)\\\]", re.S)
 _MATH_CLOSERS = (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\["))
-_LIST_SEPARATOR = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*(?=\$|\\[(\[])")
+_HEDGE_WORD = r"(?:(?:possibly|maybe|perhaps|even|else|alternatively)\s+)?"  # "or possibly $16$"
+_LIST_SEPARATOR = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*" + _HEDGE_WORD + r"(?=\$|\\[(\[])")
+# Another value offered right after a final answer, on its line: "\boxed{15} or possibly 16", "Answer: 7 (or 8
+# if the last day counts)", "20, or 21 with the endpoints". The answer and its alternative are then one answer,
+# the list, which a reference of one value never equals (a list of equal values still is one value).
+_ALTERNATIVE = re.compile(r"[\s$*_.]*[(,;]?\s*\b(?:or|alternatively|otherwise)\b,?\s*" + _HEDGE_WORD
+                          + r"(\$[^$\n]{1,200}\$|\\\(.{1,200}?\\\)|\\(?:boxed|fbox)\{[^{}\n]{1,200}\}"
+                          r"|[-−+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)", re.I)
 _REMARK = re.compile(r"\s*\([^()]*(?<![\\a-zA-Z])[a-zA-Z]{3}[^()]*\)$")  # "3 (not 4)": a remark in words
 _PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)")
 _NEXT_QUESTION = re.compile(r"\n(?:Q|Question)[:：]")
@@ -97,6 +104,9 @@ def _stated_value(rest: str, sole: str = "any") -> str | None:
     if values:
         return ", ".join(values) if all(values) else None
     line = _ELLIPSIS.sub(r"\\ldots", rest.split("\n", 1)[0][:200])  # 0.333... is not a sentence's end
+    hedged = _with_alternative(line)
+    if hedged:
+        return hedged
     line = _SENTENCE_END.split(line, maxsplit=1)[0]
     line = _REMARK.sub("", line.strip().rstrip(".,;:")).strip("*_ \"“”").strip()
     if not _has_words(line):
@@ -106,6 +116,32 @@ def _stated_value(rest: str, sole: str = "any") -> str | None:
     if (value and not _has_words(value)) or sole == "none":
         return value or line
     return _sole_value(line, after_verb=sole == "after a verb") or value or line
+
+
+def _alternative_to(after: str) -> str | None:
+    """The value offered as an alternative at the start of `after` (the text that follows an answer on its
+    line), unwrapped from $...$ or a box: " or possibly $16$." -> "16"; None when there is none."""
+    alternative = _ALTERNATIVE.match(after.split("\n", 1)[0])
+    if not alternative:
+        return None
+    value = alternative.group(1)
+    for opener, closer in (("$", "$"), ("\\(", "\\)"), ("\\boxed{", "}"), ("\\fbox{", "}")):
+        if value.startswith(opener) and value.endswith(closer):
+            return value[len(opener):len(value) - len(closer)].strip()
+    return value.rstrip(",")
+
+
+def _with_alternative(line: str) -> str | None:
+    """A stated line's value and the alternative it offers after it, as one list ("7 (or 8 if ...)" ->
+    "7, 8"), or None when the line offers no alternative after a first value."""
+    first = _PROSE_VALUE_OR_SPAN.search(line)
+    if not first or line[:first.start()].strip(" *_:$"):
+        return None
+    alternative = _alternative_to(line[first.end():])
+    if alternative is None:
+        return None
+    value = next((group for group in first.groups() if group is not None), first.group()).strip()
+    return f"{value}, {alternative}"
 
 
 def _prose_values(sentence: str) -> list[tuple[int, int, str]]:
@@ -287,6 +323,9 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
                 return [unboxed]
     if not spans:
         return []
+    alternative = _alternative_to(response[spans[-1][1]:])
+    if alternative is not None:
+        return [f"{spans[-1][2]}, {alternative}"]  # "\boxed{15} or possibly 16": a hedge
     candidates = [spans[-1][2]]
     if len(spans) == 1:
         return candidates

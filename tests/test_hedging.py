@@ -61,6 +61,15 @@ VALUE_HEDGES = [
     ("\\boxed{\\text{any real number}}", "4"),
     ("The answer is any real number.", "4"),
     ("\\boxed{\\text{all integers}}", "4"),
+    # another value offered after the final answer, on its line
+    ("So the count is $\\boxed{9}$, or possibly $10$.", "9"),
+    ("\\boxed{9}. Or maybe 10.", "9"),
+    ("\\boxed{9} (or \\boxed{10} if the last one counts)", "9"),
+    ("Final answer: 9 (or 10 if we include both ends)", "9"),
+    ("Answer: 9, or 10 with the endpoints.", "9"),
+    ("The answer is $9$ or perhaps $10$.", "9"),
+    ("#### 9 or else 10", "9"),
+    ("The answer is \\(\\frac{1}{2}\\), alternatively \\(\\frac{1}{3}\\).", "\\frac{1}{2}"),
 ]
 
 
@@ -116,6 +125,11 @@ def test_a_multiple_choice_letter_alone_still_scores(response, reference):
     ("\\boxed{[3, 5]}", "[3, 5]"),
     # a correction is not a hedge: words other than "or"/"and" between the boxes
     ("\\boxed{3}. Hmm, no: I dropped a sign, so \\boxed{4}", "4"),
+    # an alternative that is the same value, or no value at all, is no hedge
+    ("Answer: 9 (or 9.0 as a decimal)", "9"),
+    ("\\boxed{\\frac{1}{2}}, or equivalently $0.5$.", "\\frac{1}{2}"),
+    ("\\boxed{9} or more precisely exactly nine.", "9"),
+    ("\\boxed{100} or more", "100"),
 ])
 def test_one_value_or_a_list_reference_still_scores(response, reference):
     assert math_reward(response, reference) == 1.0
