@@ -94,6 +94,12 @@ class Config:
                          "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = the grader)")
     require_boxed: bool = option(False, "only \\boxed answers count (a format-strict reward); by default a "
                                  "final answer stated without a box counts too")
+    reward_timeout_s: float = option(5.0, "seconds one answer's check may take (the grader's or --reward's): past "
+                                     "it the check's worker is killed and the answer scores 0, counted in "
+                                     "reward_timeouts")
+    reward_fail_steps: int = option(3, "stop the run once no answer of a step could be scored (each check raised, "
+                                    "timed out or returned no finite number) for this many steps in a row "
+                                    "(0 = never stop)")
 
     # --- the GRPO / PPO update
     loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio exp(mean(logp - old_logp))",
@@ -305,7 +311,8 @@ class Config:
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.
 RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
                       "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
-                      "val_before_train", "report_to", "dist_timeout_s")
+                      "val_before_train", "report_to", "dist_timeout_s", "reward_timeout_s",
+                      "reward_fail_steps")
 
 
 _1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"

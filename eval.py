@@ -263,7 +263,7 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
                "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
                "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader",
-               "reward", "require_boxed")
+               "reward", "require_boxed", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
 RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "instruction", "n", "max_new_tokens",
@@ -358,7 +358,8 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
     out_dir = Path(cfg.out_dir)
     try:
         device = world.device if world.distributed else resolve_device(cfg.device)
-        pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
+        pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                                 timeout_s=cfg.reward_timeout_s)
         settings = settings_of(args, cfg)
         if world.is_main:
             claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
@@ -401,7 +402,11 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
                            seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by,
                            score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+        failed = distributed.sum_across({"errors": pool.errors, "timeouts": pool.timeouts}, world)
     if world.is_main:
+        if failed["errors"] or failed["timeouts"]:
+            print(f"warning: {failed['errors']:.0f} reward error(s) and {failed['timeouts']:.0f} timeout(s) scored 0 "
+                  f"(last: {pool.last_error or 'on another rank'})", file=sys.stderr)
         print(format_table(results))
         print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
     return results

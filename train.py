@@ -104,6 +104,8 @@ class Groups:
     groups_kept: int  # groups with a learning signal among all draws (what --refill counts)
     rollout_s: float
     score_s: float
+    reward_errors: int = 0  # checks that failed (a --reward function raised, died or returned no number)
+    reward_timeouts: int = 0  # checks that ran past --reward-timeout-s
 
 
 # ----------------------------------------------------------------------------- the step loop
@@ -144,7 +146,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
         say(world, "validation before RL: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
 
-    failures_in_a_row, step = 0, start_step
+    failures_in_a_row, scoreless_in_a_row, step = 0, 0, start_step
     with StopOnInterrupt() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
                          file=sys.stderr, disable=None if world.is_main else True):
@@ -171,6 +173,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
             if world.is_main:
                 log_step(r, metrics_path, metrics, groups)
             failures_in_a_row = failures_in_a_row + 1 if skipped and not result else 0
+            scoreless_in_a_row = check_scored(r, groups, step + 1, scoreless_in_a_row)
             if failures_in_a_row >= 3:
                 raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
                                "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
@@ -191,6 +194,7 @@ def collect_groups(r: Run, step: int) -> Groups:
     Under torchrun the calls are dealt to the ranks and every rank ends with the whole step."""
     cfg = r.cfg
     rows, texts, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], 0, 0.0, 0.0
+    failed_before = {"errors": r.pool.errors, "timeouts": r.pool.timeouts}
     while True:
         batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
         r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
@@ -213,8 +217,20 @@ def collect_groups(r: Run, step: int) -> Groups:
         kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
         index = [int(g) * cfg.group_size + j for g in kept for j in range(cfg.group_size)]
         trained, trained_rewards = rollout.select(index), rewards[index]
+    failed = distributed.sum_across({k: getattr(r.pool, k) - v for k, v in failed_before.items()}, r.world)
     return Groups(rows, texts, rollout, scores, rewards, trained, trained_rewards, len(rollouts), groups_kept,
-                  rollout_s, score_s)
+                  rollout_s, score_s, int(failed["errors"]), int(failed["timeouts"]))
+
+
+def check_scored(r: Run, groups: Groups, step: int, scoreless_in_a_row: int) -> int:
+    """Counts the steps in a row where no answer could be scored and stops the run at --reward-fail-steps of
+    them: a reward that always fails would otherwise train on zeros and end as if all were well."""
+    scoreless = groups.reward_errors + groups.reward_timeouts >= len(groups.rows)
+    scoreless_in_a_row = scoreless_in_a_row + 1 if scoreless else 0
+    if r.cfg.reward_fail_steps and scoreless_in_a_row >= r.cfg.reward_fail_steps:
+        raise RunError(f"no answer could be scored in {scoreless_in_a_row} steps in a row (last: step {step}); "
+                       f"last error: {r.pool.last_error}; fix it (or raise --reward-timeout-s)")
+    return scoreless_in_a_row
 
 
 def streamed_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
@@ -283,6 +299,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "mix_distance": 0.0 if closeness is None else closeness[0],
         "logp_gap_mean": result.get("logp_gap_mean", 0.0), "logp_gap_max": result.get("logp_gap_max", 0.0),
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
+        "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
         # How different a group's responses are (README, "Is it better?"): answers compared by our checker,
         # or as strings when the reward is math-verify's or the user's.
         **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size,
@@ -320,6 +337,10 @@ def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
     if metrics["skipped_minibatches"]:
         tqdm.write(f"warning: step {metrics['step']}: {metrics['skipped_minibatches']} mini-batch(es) skipped: "
                    f"non-finite loss or gradient (loss {metrics.get('loss', float('nan'))})", file=sys.stderr)
+    if metrics["reward_errors"] or metrics["reward_timeouts"]:
+        tqdm.write(f"warning: step {metrics['step']}: {metrics['reward_errors']} reward error(s), "
+                   f"{metrics['reward_timeouts']} timeout(s) of {len(groups.rows)} answers, scored 0 "
+                   f"(last: {r.pool.last_error})", file=sys.stderr)
     every = r.cfg.log_completions_every
     if not every or metrics["step"] % every:
         return
@@ -622,7 +643,8 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     try:
-        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
+        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                          timeout_s=cfg.reward_timeout_s)
         # Only rank 0 reports; Tracker checks the optional packages first.
         tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))
     except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward

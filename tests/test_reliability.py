@@ -1,0 +1,92 @@
+"""Nothing silent, nothing lost (docs/reliability.md): a reward that fails, a damaged checkpoint, SIGTERM, two
+runs on one out-dir, a value out of range, a full or read-only disk. Each fault is made for real where it is
+about the command line (subprocesses, signals, truncated files, a small tmpfs) and checked against what the
+user sees (exit status, the one line printed) and what is on disk."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reward import RewardPool
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "tiny", "--prompts-per-step", "4", "--mini-batch-prompts", "4", "--max-new-tokens", "8"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+USER_REWARDS = '''
+import os, time
+
+def flaky(response, reference):
+    """What can go wrong with a user's reward, chosen by the response."""
+    if response == "raise":
+        return lookup(response)
+    if response == "hang":
+        time.sleep(60)
+    if response == "die":
+        os._exit(3)
+    return {"nan": float("nan"), "inf": float("inf"), "none": None, "text": "1.0"}.get(response, 0.5)
+
+def lookup(response):
+    raise KeyError("no field 'score'")
+
+def always_raises(response, reference):
+    raise ValueError("the reference is not a number")
+'''
+
+
+def run_cli(args, **kwargs):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV,
+                          **kwargs)
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def user_rewards(tmp_path) -> Path:
+    path = tmp_path / "my_rewards.py"
+    path.write_text(USER_REWARDS)
+    return path
+
+
+def metrics_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- 1. a reward that fails
+
+
+def test_each_way_a_user_reward_fails_is_counted_and_the_first_is_shown(user_rewards, capfd):
+    responses = ["raise", "nan", "inf", "none", "text", "hang", "die", "ok"]
+    with RewardPool(num_workers=2, timeout_s=1.0, reward_fn=f"{user_rewards}:flaky") as pool:
+        scores = pool.score([(response, "1") for response in responses])
+        assert scores == [0.0] * 7 + [0.5]
+        assert (pool.errors, pool.timeouts) == (6, 1)  # raise, nan, inf, None, a string, a dead worker; the hang
+    err = capfd.readouterr().err
+    first = err[err.index("warning: reward"):]
+    assert "KeyError: \"no field 'score'\"" in first.splitlines()[0]
+    assert 'in lookup\n    raise KeyError("no field \'score\'")' in first  # the user's own frame, with its line
+
+
+def test_the_graders_timeouts_are_counted():
+    with RewardPool(num_workers=1, timeout_s=0.5) as pool:
+        assert pool.score([("\\boxed{(x+y+z+1)^{30}(x-y-z-1)^{30}}", "(x^2-(y+z+1)^2)^{30}")]) == [0.0]
+        assert (pool.errors, pool.timeouts) == (0, 1)
+
+
+def test_a_reward_that_always_fails_stops_the_run_naming_it(tmp_path, user_rewards):
+    out = tmp_path / "run"
+    result = run_cli(["train.py", *TINY, "--max-steps", "6", "--out-dir", str(out),
+                      "--reward", f"{user_rewards}:always_raises", "--reward-fail-steps", "2"])
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr  # the first, in full
+    assert last_line(result.stderr) == (
+        "error: no answer could be scored in 2 steps in a row (last: step 2); last error: "
+        f"{user_rewards}:always_raises: ValueError: the reference is not a number; fix it "
+        "(or raise --reward-timeout-s)")
+    assert [(m["step"], m["reward_errors"], m["reward_timeouts"]) for m in metrics_of(out)] == [(1, 16, 0), (2, 16, 0)]
+    assert "warning: step 1: 16 reward error(s), 0 timeout(s) of 16 answers" in result.stderr
