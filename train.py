@@ -27,6 +27,7 @@ from tqdm import tqdm
 import distributed
 import eval as evaluation
 from analysis import group_diversity, mixture_closeness
+from checkpoint import newest_intact, write_manifest
 from config import RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
@@ -129,12 +130,11 @@ def run(cfg: Config) -> dict:
 
 def run_steps(cfg: Config, world: distributed.World) -> dict:
     """`run` in an initialised world: setup, resume or a fresh start, the step loop, the summary."""
-    out_dir = claim_out_dir(cfg) if world.is_main else Path(cfg.out_dir)
-    distributed.barrier(world)  # the others wait while rank 0 checks --out-dir
+    out_dir, resume_from = claim_out_dir(cfg) if world.is_main else (Path(cfg.out_dir), None)
+    resume_from = distributed.broadcast_object(resume_from, world)  # rank 0's choice, after it has checked
     say(world, f"out dir: {out_dir}" + (f" ({world.size} processes)" if world.distributed else ""))
     r = setup(cfg, world, out_dir)
-    resuming = distributed.broadcast_object(cfg.resume and bool(checkpoint_dirs(out_dir)), world)  # rank 0's
-    start_step = restore_checkpoint(r) if resuming else start_fresh(r)
+    start_step = restore_checkpoint(r, resume_from) if resume_from else start_fresh(r)
     max_steps = cfg.max_steps or -(-len(r.problems) // cfg.prompts_per_step)
     metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
     if r.held_out and start_step == 0:
@@ -530,10 +530,11 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool, *, dev
     return {"warm_start_steps": steps, "warm_start_dev_accuracy": dev_accuracy}
 
 
-def claim_out_dir(cfg: Config) -> Path:
-    """--out-dir, checked before any work and before anything is written: not a file; not holding another
-    run's checkpoints unless --resume (continue it) or --overwrite (start over there); and a --resume whose
-    settings differ from the checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
+def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
+    """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
+    holding another run's checkpoints unless --resume (continue it) or --overwrite (start over there); a
+    --resume continues from the newest intact checkpoint (newer damaged ones are set aside), and one whose
+    settings differ from that checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
     refused unless --allow-config-change."""
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -542,17 +543,36 @@ def claim_out_dir(cfg: Config) -> Path:
     if checkpoints and not cfg.resume and not cfg.overwrite:
         raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
                        "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
-    if checkpoints and cfg.resume:
-        saved = Config.load_json(checkpoints[-1] / "config.json.run")
-        changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
-                   for name, value in asdict(saved).items()
-                   if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
-        if changed and not cfg.allow_config_change:
-            raise RunError(f"--resume: settings differ from those of {checkpoints[-1]} ({', '.join(changed)}); resume "
-                           "with the same settings, or pass --allow-config-change to continue with the new ones")
-        if changed:
-            print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
-    return out_dir
+    if not checkpoints or not cfg.resume:
+        return out_dir, None
+    latest = intact_checkpoint(out_dir, checkpoints)
+    try:
+        saved = Config.load_json(latest / "config.json.run")
+    except (ValueError, OSError) as error:
+        raise RunError(f"--resume: {error}") from None
+    changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
+               for name, value in asdict(saved).items()
+               if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
+    if changed and not cfg.allow_config_change:
+        raise RunError(f"--resume: settings differ from those of {latest} ({', '.join(changed)}); resume "
+                       "with the same settings, or pass --allow-config-change to continue with the new ones")
+    if changed:
+        print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
+    return out_dir, latest
+
+
+def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
+    """The newest checkpoint whose files are those written (checkpoint.py); each newer damaged one is named
+    with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
+    found, skipped = newest_intact(checkpoints)
+    if found is None:
+        raise RunError(f"--resume: no intact checkpoint in {out_dir / 'checkpoints'} ({'; '.join(skipped)}); "
+                       "start over with --overwrite instead of --resume, or pass another --out-dir")
+    for directory, reason in zip(reversed(checkpoints), skipped):
+        aside = directory.with_name(f"damaged-{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        directory.rename(aside)
+        print(f"--resume: skipped {reason} (kept as {aside.name}); continuing from {found.name}", file=sys.stderr)
+    return found
 
 
 def load_policy(cfg: Config, device: torch.device, *, seed: int):
@@ -748,16 +768,16 @@ def save_checkpoint(r: Run, step: int) -> None:
                     "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
                    tmp / "trainer_state.pt")
         r.cfg.save_json(tmp / "config.json.run")
+        write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
         os.replace(tmp, root / f"step-{step}")
         for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
             shutil.rmtree(old)
     distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
 
 
-def restore_checkpoint(r: Run) -> int:
-    """Continues from the latest complete checkpoint: weights (by parameter name), optimizer, data cursor,
-    RNG states and neighbor table (claim_out_dir has checked its settings). Returns the step reached."""
-    latest = checkpoint_dirs(r.out_dir)[-1]
+def restore_checkpoint(r: Run, latest: Path) -> int:
+    """Continues from the checkpoint `latest` (claim_out_dir has checked that it is intact and its settings):
+    weights (by parameter name), optimizer, data cursor, RNG states and neighbor table. Returns its step."""
     state = torch.load(latest / "trainer_state.pt", map_location=r.device, weights_only=False)
     main = r.world.is_main  # rank 0 reads the weights and AdamW state; the others get their shards from it
     weights = load_model(str(latest), dtype=torch.float32, device="cpu").state_dict() if main else None
@@ -780,10 +800,22 @@ def restore_checkpoint(r: Run) -> int:
 
 
 def trim_metrics(path: Path, start_step: int) -> Path:
-    """metrics.jsonl up to start_step (the steps after a checkpoint run again); empty for a new run."""
-    kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
-            if start_step and json.loads(line)["step"] <= start_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    """metrics.jsonl up to start_step, each step once (the steps after a checkpoint run again); a line that is
+    not a record (the torn last line a full disk leaves) is dropped with a note. Empty for a new run."""
+    kept, torn = {}, 0
+    for line in path.read_text().splitlines() if path.exists() and start_step else []:
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            torn += 1
+            continue
+        if step <= start_step:
+            kept.setdefault(step, line)
+    if torn:
+        print(f"--resume: dropped {torn} unreadable line(s) of {path} (a write cut short)", file=sys.stderr)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(line + "\n" for _, line in sorted(kept.items())))
+    os.replace(partial, path)  # the kept steps survive a failure while rewriting
     return path
 
 

@@ -90,3 +90,63 @@ def test_a_reward_that_always_fails_stops_the_run_naming_it(tmp_path, user_rewar
         "(or raise --reward-timeout-s)")
     assert [(m["step"], m["reward_errors"], m["reward_timeouts"]) for m in metrics_of(out)] == [(1, 16, 0), (2, 16, 0)]
     assert "warning: step 1: 16 reward error(s), 0 timeout(s) of 16 answers" in result.stderr
+
+
+# ----------------------------------------------------------------------------- 2. resume past damage
+
+
+def test_a_manifest_catches_a_truncated_a_missing_and_a_changed_file(tmp_path):
+    from checkpoint import damage, write_manifest
+
+    ckpt = tmp_path / "step-1"
+    ckpt.mkdir()
+    for name, size in (("optimizer.pt", 3000), ("trainer_state.pt", 100), ("model.safetensors", 5000)):
+        (ckpt / name).write_bytes(os.urandom(size))
+    write_manifest(ckpt)
+    assert damage(ckpt) is None
+    original = (ckpt / "optimizer.pt").read_bytes()
+    (ckpt / "optimizer.pt").write_bytes(original[:1000])
+    assert damage(ckpt) == "optimizer.pt has 1000 bytes, 3000 were written"
+    (ckpt / "optimizer.pt").write_bytes(bytes([original[0] ^ 1]) + original[1:])  # same size, one bit
+    assert damage(ckpt) == "optimizer.pt is not what was written (its SHA-256 differs)"
+    (ckpt / "optimizer.pt").write_bytes(original)
+    (ckpt / "trainer_state.pt").unlink()
+    assert damage(ckpt) == "trainer_state.pt is missing"
+    (ckpt / "manifest.json").unlink()  # a checkpoint from before manifests: presence and size only
+    assert damage(ckpt) == "trainer_state.pt is missing or empty"
+
+
+def test_resume_skips_damaged_checkpoints_and_a_torn_metrics_line(tmp_path):
+    out = tmp_path / "run"
+    args = ["train.py", *TINY, "--out-dir", str(out), "--save-every", "1", "--keep-last", "3"]
+    assert run_cli([*args, "--max-steps", "3"]).returncode == 0
+    checkpoints = out / "checkpoints"
+    optimizer = checkpoints / "step-3" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])  # truncated
+    for path in (checkpoints / "step-2").iterdir():  # emptied
+        path.unlink()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "reward_me')  # what a full disk leaves
+    resumed = run_cli([*args, "--max-steps", "4", "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    notes = [line for line in resumed.stderr.splitlines() if line.startswith("--resume:")]
+    assert notes[0].startswith("--resume: skipped step-3: optimizer.pt has 100 bytes, ")
+    assert notes[1].startswith("--resume: skipped step-2: trainer_state.pt is missing or empty (kept as "
+                               "damaged-step-2-")
+    assert notes[2] == f"--resume: dropped 1 unreadable line(s) of {out / 'metrics.jsonl'} (a write cut short)"
+    assert f"resumed from {checkpoints / 'step-1'} (step 1)" in resumed.stderr
+    assert [m["step"] for m in metrics_of(out)] == [1, 2, 3, 4]
+    assert sorted(d.name for d in checkpoints.glob("step-*")) == ["step-2", "step-3", "step-4"]  # --keep-last 3
+    assert len(list(checkpoints.glob("damaged-step-*"))) == 2
+
+
+def test_resume_with_no_intact_checkpoint_stops_with_one_line(tmp_path):
+    out = tmp_path / "run"
+    args = ["train.py", *TINY, "--out-dir", str(out), "--max-steps", "1"]
+    assert run_cli(args).returncode == 0
+    (out / "checkpoints" / "step-1" / "trainer_state.pt").write_bytes(b"")
+    resumed = run_cli([*args, "--resume"])
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.strip() == (f"error: --resume: no intact checkpoint in {out / 'checkpoints'} (step-1: "
+                                      "trainer_state.pt has 0 bytes, ") + resumed.stderr.strip().split(", ", 1)[1]
+    assert "start over with --overwrite instead of --resume" in resumed.stderr
