@@ -30,6 +30,7 @@ import torch
 import config
 import data
 import distributed
+import guard
 import reward
 from distributed import World
 
@@ -158,7 +159,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     done = finished_samples(samples_path, resume) if world.is_main else None
     done = distributed.broadcast_object(done, world)
     results = {}
-    with open(samples_path, "a") if world.is_main else contextlib.nullcontext() as samples_file:
+    # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is closed
+    with open(samples_path, "ab", buffering=0) if world.is_main else contextlib.nullcontext() as samples_file:
         for name, problems, kind in benchmarks:
             items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
             batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
@@ -174,13 +176,10 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                                      benchmark_seed(seed, name))
                     bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
                 this_round = min(world.size, len(batches) - first)
-                for records, _ in distributed.gather_dealt([mine], this_round, world):
-                    for record in records:
-                        done[(name, record["problem_id"], record["sample"])] = record
-                        if world.is_main:
-                            samples_file.write(json.dumps(record) + "\n")
+                records = [r for records, _ in distributed.gather_dealt([mine], this_round, world) for r in records]
+                done.update({(name, record["problem_id"], record["sample"]): record for record in records})
                 if world.is_main:
-                    samples_file.flush()  # a finished batch survives an interruption
+                    append_samples(samples_file, records)
             correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
             results[name] = summarize(correct, n)
     math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
@@ -191,6 +190,17 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
         record = {**results, "scored_by": scored_by} if scored_by else results
         (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     return results
+
+
+def append_samples(samples_file, records: list[dict]) -> None:
+    """Appends a finished batch at once, so that it survives an interruption; a refused write (a full disk)
+    names the file. A torn last line is dropped by the next --resume."""
+    unwritten = memoryview("".join(json.dumps(record) + "\n" for record in records).encode())
+    try:
+        while unwritten:
+            unwritten = unwritten[samples_file.write(unwritten):]
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, samples_file.name) from None
 
 
 def finished_samples(samples_path: Path, resume: bool) -> dict:
@@ -344,9 +354,14 @@ def main(argv=None) -> dict:
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:
-        results = run(args, cfg, world)
+        with guard.exclusive(Path(cfg.out_dir), "eval.py") if world.is_main else contextlib.nullcontext():
+            results = run(args, cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return results
+    except guard.Refused as error:  # another evaluation holds --out-dir, or the OS refused a write
+        sys.exit(f"error: {error}")
+    except OSError as error:
+        sys.exit(f"error: cannot write {error.filename or cfg.out_dir}: {guard.reason(error, Path(cfg.out_dir))}")
     finally:
         distributed.close_world(world)
 

@@ -10,11 +10,11 @@ mini-batch steps) -> metrics -> checkpoint. Outputs in --out-dir: config.json, m
 completions.jsonl, checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
 """
 
+import contextlib
 import json
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 import distributed
@@ -38,6 +39,7 @@ from data import (
     pad_id_of,
     tokenize_problems,
 )
+from guard import Refused, StopOnSignals, exclusive, reason, resume_command
 from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
@@ -121,9 +123,14 @@ def run(cfg: Config) -> dict:
     except ValueError as error:
         raise RunError(str(error)) from None
     try:
-        summary = run_steps(cfg, world)
+        with exclusive(Path(cfg.out_dir), "train.py") if world.is_main else contextlib.nullcontext():
+            summary = run_steps(cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return summary
+    except Refused as error:  # another run holds --out-dir, or the OS refused a write
+        raise RunError(str(error)) from None
+    except OSError as error:  # a write elsewhere in --out-dir (config.json, summary.json, ...)
+        raise RunError(f"cannot write {error.filename or cfg.out_dir}: {reason(error, Path(cfg.out_dir))}") from None
     finally:
         distributed.close_world(world)
 
@@ -147,7 +154,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
                    + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
 
     failures_in_a_row, scoreless_in_a_row, step = 0, 0, start_step
-    with StopOnInterrupt() as interrupt:
+    with StopOnSignals() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
                          file=sys.stderr, disable=None if world.is_main else True):
             step_start = time.perf_counter()
@@ -177,9 +184,10 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
             if failures_in_a_row >= 3:
                 raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
                                "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
-            if distributed.max_across({"stop": float(interrupt.requested)}, world)["stop"]:  # all ranks agree
+            stop = distributed.max_across({"signal": float(interrupt.signal_number)}, world)["signal"]
+            if stop:  # every rank stops after the same step, whichever got the signal
                 save_checkpoint(r, step + 1)
-                raise KeyboardInterrupt(step + 1)
+                raise KeyboardInterrupt(step + 1, int(stop))
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < max_steps:
                 save_checkpoint(r, step + 1)
     if max_steps > start_step:
@@ -330,8 +338,11 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
 def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
     """Appends the step to metrics.jsonl, prints its line, reports skipped mini-batches at once, and every
     --log-completions-every steps prints two completions and appends them to completions.jsonl."""
-    with metrics_path.open("a") as f:
-        f.write(json.dumps(metrics) + "\n")
+    try:
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+    except OSError as error:
+        raise Refused(f"cannot write {metrics_path}: {reason(error, metrics_path)}") from None
     r.tracker.log(metrics, metrics["step"])
     tqdm.write(format_line(metrics), file=sys.stdout)
     if metrics["skipped_minibatches"]:
@@ -568,10 +579,10 @@ def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
     if found is None:
         raise RunError(f"--resume: no intact checkpoint in {out_dir / 'checkpoints'} ({'; '.join(skipped)}); "
                        "start over with --overwrite instead of --resume, or pass another --out-dir")
-    for directory, reason in zip(reversed(checkpoints), skipped):
+    for directory, why in zip(reversed(checkpoints), skipped):
         aside = directory.with_name(f"damaged-{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         directory.rename(aside)
-        print(f"--resume: skipped {reason} (kept as {aside.name}); continuing from {found.name}", file=sys.stderr)
+        print(f"--resume: skipped {why} (kept as {aside.name}); continuing from {found.name}", file=sys.stderr)
     return found
 
 
@@ -760,16 +771,22 @@ def save_checkpoint(r: Run, step: int) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
     else:
         tmp = None
-    save_weights(r, tmp)
-    optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
-    if r.world.is_main:
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
-                   tmp / "trainer_state.pt")
-        r.cfg.save_json(tmp / "config.json.run")
-        write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
-        os.replace(tmp, root / f"step-{step}")
+    try:
+        save_weights(r, tmp)
+        optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
+        if r.world.is_main:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
+                        "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
+                       tmp / "trainer_state.pt")
+            r.cfg.save_json(tmp / "config.json.run")
+            write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
+            os.replace(tmp, root / f"step-{step}")
+    except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)  # the earlier checkpoints stay as they were
+        raise Refused(f"cannot write checkpoint {root / f'step-{step}'}: {reason(error, root)}; the earlier "
+                      "checkpoints are intact") from None
         for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
             shutil.rmtree(old)
     distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
@@ -819,25 +836,6 @@ def trim_metrics(path: Path, start_step: int) -> Path:
     return path
 
 
-class StopOnInterrupt:
-    """The first Ctrl-C asks the loop to stop after the current step (which is then checkpointed); a
-    second one interrupts at once."""
-
-    def __enter__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGINT, self._request)
-        return self
-
-    def _request(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, self._previous)  # a second Ctrl-C is a plain KeyboardInterrupt
-        print("\ninterrupt: stopping after this step and writing a checkpoint (Ctrl-C again to stop now)",
-              file=sys.stderr)
-
-    def __exit__(self, *exc_info):
-        signal.signal(signal.SIGINT, self._previous)
-
-
 # ----------------------------------------------------------------------------- command line
 
 
@@ -845,19 +843,18 @@ def main(argv=None) -> dict:
     cfg = parse_config(argv, description="N-GRPO training.\n\n" + __doc__.split("\n\n")[1])
     try:
         return run(cfg)
-    except KeyboardInterrupt as interrupt:
-        args = " ".join(argv if argv is not None else sys.argv[1:])
-        launcher = "python" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else \
-            f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', os.environ['WORLD_SIZE'])}"
-        resume = f"{launcher} train.py {args}{'' if '--resume' in args else ' --resume'}"
-        if interrupt.args:
+    except KeyboardInterrupt as interrupt:  # (step, signal) when the loop stopped after a checkpoint
+        resume = resume_command(list(argv if argv is not None else sys.argv[1:]))
+        if os.environ.get("RANK", "0") != "0":
+            pass  # rank 0 says it once
+        elif interrupt.args:
             print(f"interrupted: checkpoint of step {interrupt.args[0]} written; continue with: {resume}",
                   file=sys.stderr)
         else:
             latest = checkpoint_dirs(Path(cfg.out_dir))
             print("interrupted" + (f"; the latest checkpoint is {latest[-1]}; continue with: {resume}" if latest
                                    else " before the first checkpoint; nothing to resume"), file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else 2)) from None  # 130, 143
 
 
 if __name__ == "__main__":

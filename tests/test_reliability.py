@@ -5,6 +5,8 @@ user sees (exit status, the one line printed) and what is on disk."""
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +152,64 @@ def test_resume_with_no_intact_checkpoint_stops_with_one_line(tmp_path):
     assert resumed.stderr.strip() == (f"error: --resume: no intact checkpoint in {out / 'checkpoints'} (step-1: "
                                       "trainer_state.pt has 0 bytes, ") + resumed.stderr.strip().split(", ", 1)[1]
     assert "start over with --overwrite instead of --resume" in resumed.stderr
+
+
+# ----------------------------------------------------------------------------- 3, 4. SIGTERM; a resume command to paste
+
+
+def start(args, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**ENV, **env})
+
+
+def wait_for_step(process: subprocess.Popen) -> None:
+    for line in process.stdout:
+        if line.startswith("step 1 "):
+            return
+    raise AssertionError(process.stderr.read())
+
+
+def test_sigterm_checkpoints_and_prints_a_resume_command_that_works_when_pasted(tmp_path):
+    out = tmp_path / "my run"  # a space, and an empty --instruction: both need quoting
+    args = ["train.py", *TINY, "--max-steps", "400", "--out-dir", str(out), "--instruction", ""]
+    process = start(args)
+    wait_for_step(process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr
+    interrupted = last_line(stderr)
+    step = int(interrupted.split("checkpoint of step ")[1].split()[0])
+    assert sorted(d.name for d in (out / "checkpoints").iterdir()) == [f"step-{step}"]
+    command = interrupted.split("continue with: ")[1]
+    assert shlex.split(command) == ["python", *args, "--resume"]
+    path = f"{Path(sys.executable).parent}:{ENV['PATH']}"  # `python` is this interpreter
+    resumed = subprocess.run(["bash", "-c", f"{command} --max-steps {step + 1}"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300, env={**ENV, "PATH": path})
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"(step {step})" in resumed.stderr
+    assert [m["step"] for m in metrics_of(out)] == list(range(1, step + 2))
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """{rank: pid} of the worker processes torchrun started."""
+    pids = {}
+    for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
+        environ = dict(item.split("=", 1) for item in Path(f"/proc/{child}/environ").read_text().split("\0")
+                       if "=" in item)
+        if "RANK" in environ:
+            pids[int(environ["RANK"])] = int(child)
+    return pids
+
+
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    process = start([*launch, "train.py", *TINY, "--max-steps", "400", "--out-dir", str(out), "--device", "cpu"])
+    wait_for_step(process)
+    os.kill(rank_pids(process.pid)[1], signal.SIGTERM)  # rank 1 only: rank 0 must learn of it and agree
+    _, stderr = process.communicate(timeout=120)
+    interrupted = [line for line in stderr.splitlines() if line.startswith("interrupted:")]
+    assert len(interrupted) == 1 and "continue with: torchrun --nproc_per_node=2 train.py " in interrupted[0]
+    step = int(interrupted[0].split("checkpoint of step ")[1].split()[0])
+    assert sorted(d.name for d in (out / "checkpoints").iterdir()) == [f"step-{step}"]
+    assert metrics_of(out)[-1]["step"] == step  # neither rank ran a step past it
