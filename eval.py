@@ -159,14 +159,16 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     done = finished_samples(samples_path, resume) if world.is_main else None
     done = distributed.broadcast_object(done, world)
     results = {}
+    total_rounds = sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks)
+    generated = 0 if progress and world.is_main else -1  # batches generated; the estimate is told at the second
     # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is closed
     with open(samples_path, "ab", buffering=0) if world.is_main else contextlib.nullcontext() as samples_file:
         for name, problems, kind in benchmarks:
             items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
             batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
             rounds = range(0, len(batches), world.size)
-            bar = tqdm(rounds, desc=name, unit="batch", disable=not (progress and world.is_main),
-                       file=sys.stderr)
+            bar = tqdm(rounds, desc=name, unit="batch", disable=None if progress and world.is_main else True,
+                       file=sys.stderr)  # None: no bar when stderr is a file, where it would run into the lines
             for first in bar:
                 mine = [], 0
                 if first + world.rank < len(batches):
@@ -175,6 +177,9 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                     mine = run_batch(name, problems, kind, batches[index], done, generate_fn, score_fn,
                                      benchmark_seed(seed, name))
                     bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
+                    generated += generated >= 0 and mine[1] > 0
+                    if generated == 2:  # the first one includes warm-up
+                        tell_estimate(time.perf_counter() - start, total_rounds, n, benchmarks)
                 this_round = min(world.size, len(batches) - first)
                 records = [r for records, _ in distributed.gather_dealt([mine], this_round, world) for r in records]
                 done.update({(name, record["problem_id"], record["sample"]): record for record in records})
@@ -190,6 +195,17 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
         record = {**results, "scored_by": scored_by} if scored_by else results
         (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     return results
+
+
+def tell_estimate(batch_s: float, total_rounds: int, n: int, benchmarks) -> None:
+    """Says how long the whole evaluation will take at one batch's pace, when that is a minute or more (a
+    --n of 100,000 would otherwise run for hours without a word)."""
+    total_s = batch_s * total_rounds
+    if total_s >= 60:
+        problems = sum(len(p) for _, p, _ in benchmarks)
+        print(f"eval: {problems} problems x --n {n} = {problems * n} samples in {total_rounds} batches; at "
+              f"{batch_s:.2f} s a batch, about {total_s / 3600:.1f} h in all (lower --n or --limit to shorten it)",
+              file=sys.stderr, flush=True)
 
 
 def append_samples(samples_file, records: list[dict]) -> None:

@@ -213,3 +213,44 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     step = int(interrupted[0].split("checkpoint of step ")[1].split()[0])
     assert sorted(d.name for d in (out / "checkpoints").iterdir()) == [f"step-{step}"]
     assert metrics_of(out)[-1]["step"] == step  # neither rank ran a step past it
+
+
+# ----------------------------------------------------------------------------- 5. one run per out-dir
+
+
+def test_a_second_run_on_an_out_dir_stops_at_once_and_a_killed_one_leaves_no_lock(tmp_path):
+    import eval as E
+    import train
+
+    out = tmp_path / "run"
+    first = start(["train.py", *TINY, "--max-steps", "400", "--out-dir", str(out)])
+    try:
+        wait_for_step(first)
+        first.send_signal(signal.SIGSTOP)  # it holds the lock without taking a CPU from the others
+        second = run_cli(["train.py", *TINY, "--max-steps", "1", "--out-dir", str(out), "--overwrite"])
+        assert second.returncode == 1 and second.stderr.strip() == (
+            f"error: --out-dir {out} is in use by another run (train.py, pid {first.pid}); wait for it to end, stop "
+            "it, or pass another --out-dir")
+        with pytest.raises(SystemExit, match=f"is in use by another run \\(train.py, pid {first.pid}\\)"):
+            E.main(["--model", "tiny", "--benchmarks", "x.jsonl", "--out-dir", str(out)])
+    finally:
+        first.kill()  # SIGKILL: no handler runs, the OS drops the lock
+        first.communicate()
+    train.main([*TINY, "--max-steps", "1", "--out-dir", str(out)])  # not refused
+
+
+# ----------------------------------------------------------------------------- 6. eval says how long; 8. no bars in logs
+
+
+def test_a_long_evaluation_says_how_long_it_will_take(tmp_path):
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(2)))
+    process = start(["eval.py", "--model", "tiny", "--benchmarks", str(bench), "--n", "100000", "--max-new-tokens",
+                     "4", "--batch-size", "16", "--out-dir", str(tmp_path / "eval")])
+    try:
+        line = process.stderr.readline()
+    finally:
+        process.kill()
+        process.communicate()
+    assert line.startswith("eval: 2 problems x --n 100000 = 200000 samples in 12500 batches; at ")
+    assert "\r" not in line  # stderr is a pipe here: no progress bar before it
