@@ -239,7 +239,7 @@ def test_a_second_run_on_an_out_dir_stops_at_once_and_a_killed_one_leaves_no_loc
     train.main([*TINY, "--max-steps", "1", "--out-dir", str(out)])  # not refused
 
 
-# ----------------------------------------------------------------------------- 6, 8. eval says how long, no bar in a log
+# ---------------------------------------------------------------------- 6, 8. eval says how long, no bar in a log
 
 
 def test_a_long_evaluation_says_how_long_it_will_take(tmp_path):
