@@ -3,6 +3,7 @@ runs on one out-dir, a value out of range, a full or read-only disk. Each fault 
 about the command line (subprocesses, signals, truncated files, a small tmpfs) and checked against what the
 user sees (exit status, the one line printed) and what is on disk."""
 
+import errno
 import json
 import os
 import shlex
@@ -254,3 +255,96 @@ def test_a_long_evaluation_says_how_long_it_will_take(tmp_path):
         process.communicate()
     assert line.startswith("eval: 2 problems x --n 100000 = 200000 samples in 12500 batches; at ")
     assert "\r" not in line  # stderr is a pipe here: no progress bar before it
+
+
+# ----------------------------------------------------------------------------- 7. the OS says no
+
+INJECT_ENOSPC = """
+import errno, sys
+sys.path.insert(0, {root!r})
+import torch, train
+from config import parse_config
+real_save = torch.save
+def full_disk(obj, path, *args, **kwargs):
+    if "/.step-2-" in str(path):  # the second checkpoint's files
+        raise OSError(errno.ENOSPC, "No space left on device")
+    real_save(obj, path, *args, **kwargs)
+train.torch.save = full_disk
+train.main(sys.argv[1:])
+"""
+
+
+def mounted(path: Path, *options: str) -> bool:
+    """Mounts a tmpfs at `path` (root only; a sandbox may refuse): True when it did."""
+    path.mkdir()
+    if os.geteuid() != 0 or os.environ.get("NGRPO_TEST_NO_MOUNT"):
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2.5 MB tmpfs (room for one tiny checkpoint, not two), or None where mounting is not possible."""
+    disk = tmp_path / "disk"
+    real = mounted(disk, "size=2600k")
+    yield disk if real else None
+    if real:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_previous_checkpoint_stays(tmp_path, small_disk):
+    from checkpoint import damage
+
+    out = (small_disk or tmp_path) / "run"
+    args = [*TINY, "--max-steps", "3", "--save-every", "1", "--out-dir", str(out)]
+    if small_disk is not None:
+        result = run_cli(["train.py", *args])
+    else:  # no tmpfs: the writes fail with ENOSPC as a full disk makes them
+        result = run_cli(["-c", INJECT_ENOSPC.format(root=str(ROOT)), *args])
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert last_line(result.stderr).startswith(f"error: cannot write checkpoint {out / 'checkpoints' / 'step-2'}: "
+                                               "No space left on device")
+    assert last_line(result.stderr).endswith("; the earlier checkpoints are intact")
+    assert [d.name for d in (out / "checkpoints").iterdir()] == ["step-1"]  # no temporary directory left
+    assert damage(out / "checkpoints" / "step-1") is None
+
+
+def test_a_full_disk_while_writing_samples_names_the_file(tmp_path, monkeypatch, capsys):
+    import eval as E
+
+    disk = tmp_path / "disk"
+    if not mounted(disk, "size=12k"):  # a page each for .lock and settings.json, one for samples
+        class FullDisk(__import__("io").FileIO):
+            def write(self, data):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(E, "open", lambda path, mode, buffering: FullDisk(path, mode), raising=False)
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(3)))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            E.main(["--model", "tiny", "--benchmarks", str(bench), "--n", "16", "--max-new-tokens", "16",
+                    "--batch-size", "16", "--out-dir", str(disk / "eval")])
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert stopped.value.code == f"error: cannot write {disk / 'eval' / 'samples.jsonl'}: No space left on device"
+
+
+def test_a_read_only_out_dir_is_one_line(tmp_path, capsys):
+    import train
+
+    disk = tmp_path / "disk"
+    if not mounted(disk, "ro", "size=64k"):
+        if os.geteuid() == 0:
+            pytest.skip("root, and no read-only mount possible here")
+        disk.chmod(0o555)
+        expected = "Permission denied"
+    else:
+        expected = "Read-only file system"
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train.main([*TINY, "--out-dir", str(disk / "run")])
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert stopped.value.code == f"error: cannot write --out-dir {disk / 'run'}: {expected}"
