@@ -322,18 +322,24 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
     parser = build_parser()
     args = parser.parse_args(argv)
     shared = {**EVAL_DEFAULTS, **{name: getattr(args, name) for name in EVAL_FIELDS if hasattr(args, name)}}
-    problems = [message for ok, message in [
-        (args.n >= 1, f"--n must be at least 1, not {args.n}"),
-        (args.limit is None or args.limit >= 1, f"--limit must be at least 1, not {args.limit}"),
-        (args.batch_size >= 0, f"--batch-size must be >= 0 (0 = automatic), not {args.batch_size}"),
-        ("model" in shared, "--model is required: a checkpoint directory, a hub id, or 'tiny'"),
-    ] if not ok]
+    typed = config.typed_values(sys.argv[1:] if argv is None else argv)
+    rules = [
+        ("n", args.n >= 1, "must be at least 1"),
+        ("limit", args.limit is None or args.limit >= 1, "must be at least 1"),
+        ("batch_size", args.batch_size >= 0, "must be >= 0 (0 = automatic)"),
+        ("benchmarks", all(name.strip() for name in args.benchmarks.split(",")), "names benchmarks separated by "
+         "commas, none of them empty"),
+    ]
+    problems = [f"--{name.replace('_', '-')} {typed.get(name, getattr(args, name))}: {message}"
+                for name, ok, message in rules if not ok]
+    if "model" not in shared:
+        problems.append("--model is required: a checkpoint directory, a hub id, or 'tiny'")
     if problems:
         parser.error("; ".join(problems))
     try:
         cfg = config.Config(**shared)
-    except ValueError as error:
-        parser.error(str(error))
+    except config.ConfigError as error:
+        parser.error(error.describe(typed))
     return args, cfg
 
 
@@ -405,6 +411,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
             tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
         except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
             raise data.DataError(data.describe_load_error(error, f"--model {cfg.model}")) from None
+        cfg.check_vocabulary(model.cfg.vocab_size, cfg.model)
         exploration = exploration_from_config(cfg, tokenizer)
     except (data.DataError, ValueError) as error:
         sys.exit(f"error: {error}")

@@ -648,6 +648,10 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg, device, seed=cfg.seed)
+    try:
+        cfg.check_vocabulary(policy.cfg.vocab_size, cfg.model)
+    except ValueError as error:
+        raise RunError(str(error)) from None
     policy.gradient_checkpointing = cfg.grad_checkpointing
     if cfg.freeze_embeddings:
         policy.embed_tokens.weight.requires_grad_(False)

@@ -348,3 +348,70 @@ def test_a_read_only_out_dir_is_one_line(tmp_path, capsys):
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
     assert stopped.value.code == f"error: cannot write --out-dir {disk / 'run'}: {expected}"
+
+
+# ----------------------------------------------------------------------------- 6. every value checked
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--adv-eps", "-1"], "--adv-eps -1: must be > 0: it keeps a group whose rewards are all equal from dividing "
+                          "by zero (a negative one flips the advantages' sign)"),
+    (["--clip-low", "2"], "--clip-low 2: must be in [0, 1): the ratio's floor 1 - clip_low must stay above 0"),
+    (["--lr", "inf"], "--lr inf: must be a finite number"),
+    (["--grad-clip", "-1"], "--grad-clip -1: must be >= 0 (0 = off)"),
+    (["--weight-decay", "nan"], "--weight-decay nan: must be a finite number"),
+    (["--seed", "99999999999999999999"], "--seed 99999999999999999999: must be in [0, 2^63)"),
+    (["--save-every", "-1"], "--save-every -1: must be >= 0 (0 = only at the end)"),
+    (["--keep-last=-2"], "--keep-last -2: must be >= 0 (0 = keep all)"),
+    (["--lr", "1e-6", "--mix-rate", "1.5"], "--mix-rate 1.5: must be in [0, 1]"),
+    (["--reward-timeout-s", "0"], "--reward-timeout-s 0: must be > 0"),
+    (["--val-data", ","], "--val-data ,: names benchmarks separated by commas, none of them empty"),
+    (["--out-dir", ""], "--out-dir '': must not be empty"),
+    (["--eval-data", "x.jsonl"], "--eval-data x.jsonl: has no effect without --eval-problems N (how many of its "
+                                 "problems to score)"),
+    (["--sft-target-accuracy", "0.5"], "--sft-target-accuracy 0.5: has no effect without --sft-steps N (the warm "
+                                       "start it may stop early)"),
+])
+def test_a_value_out_of_range_is_refused_naming_its_flag_as_typed(flags, message, capsys):
+    from config import parse_config
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_config(["--preset", "tiny", *flags])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f": error: {message}")  # prog: error: ...
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--n", "-3"], "--n -3: must be at least 1"),
+    (["--benchmarks", ","], "--benchmarks ,: names benchmarks separated by commas, none of them empty"),
+    (["--temperature", "nan"], "--temperature nan: must be a finite number"),
+    (["--reward-timeout-s", "-1"], "--reward-timeout-s -1: must be > 0"),
+])
+def test_eval_refuses_a_value_out_of_range_naming_its_flag(flags, message, capsys):
+    import eval as E
+
+    with pytest.raises(SystemExit):
+        E.parse_args(["--model", "tiny", *flags])
+    assert capsys.readouterr().err.strip().endswith(f"error: {message}")
+
+
+def test_what_needs_the_model_or_the_data_is_refused_in_one_line(tmp_path, capsys):
+    import train
+
+    one_object = tmp_path / "one.json"
+    one_object.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    dict_answer = tmp_path / "dict.jsonl"
+    dict_answer.write_text('{"problem": "1 + 1?", "answer": {"value": 2}}\n')
+    for flags, message in [
+        (["--num-neighbors", "100000"], "error: --num-neighbors 100000: must be below the vocabulary size of --model "
+                                        "tiny (262)"),
+        (["--data", str(one_object)], f"error: cannot load --data {one_object}: {one_object}: a .json file of "
+                                      "problems holds one JSON list of objects ([{...}, ...]), this one does not; for "
+                                      "one object per line name it .jsonl"),
+        (["--data", str(dict_answer)], f"error: cannot load --data {dict_answer}: {dict_answer}:1: the answer is a "
+                                       'JSON object ({"value": 2}); a reference answer is a string or a number, or a '
+                                       "list of them"),
+    ]:
+        with pytest.raises(SystemExit) as stopped:
+            train.main([*TINY, "--out-dir", str(tmp_path / "run"), *flags])
+        assert stopped.value.code == message
