@@ -432,20 +432,24 @@ SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
             "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
 
 
-def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None,
+                     helps: dict | None = None) -> None:
     """One flag per Config field (or per field in `names`), in the sections of SECTIONS, each showing its
-    default (from `defaults` where given). Flags not given stay out of the namespace (SUPPRESS), so a caller
-    can tell an explicit value from a default."""
-    defaults = defaults or {}
+    default (from `defaults` where given) and its help (from `helps` where given: another program's words;
+    one that says its default itself is shown as it is). Flags not given stay out of the namespace
+    (SUPPRESS), so a caller can tell an explicit value from a default."""
+    defaults, helps = defaults or {}, helps or {}
     group = parser
     for f in fields(Config):
         if f.name in SECTIONS:
-            group = parser.add_argument_group(SECTIONS[f.name])
+            group = parser.add_argument_group(helps.get(SECTIONS[f.name], SECTIONS[f.name]))
         if names is not None and f.name not in names:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = defaults.get(f.name, f.default)
-        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+        help_text = helps.get(f.name, f.metadata["help"])
+        help_text = (help_text if "(default:" in help_text or "(required" in help_text
+                     else f"{help_text} (default: {default!r})").replace("%", "%%")
         if f.type is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:

@@ -291,6 +291,25 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader",
                "reward", "require_boxed", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
+# eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
+EVAL_HELP = {
+    "model": "the model to evaluate (required): a Hugging Face directory such as a run's "
+             "runs/ngrpo/checkpoints/step-N, a hub id, or 'tiny' (random, offline)",
+    "rollouts": "sampling (the paper's evaluation protocol by default)",
+    "temperature": "sampling temperature (0 = greedy)",
+    "top_p": "nucleus sampling threshold (1 = off)",
+    "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): neighbor = "
+               "N-GRPO's neighbor mixing, soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures, "
+               "and the released code's topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
+    "the run": "the evaluation",
+    "seed": "seed of the samples' draws (each sample's draws depend on the seed, its benchmark, problem and "
+            "sample number only)",
+    "out_dir": "directory for samples.jsonl (one line per sample), results.json and settings.json",
+    "resume": "continue an interrupted evaluation in --out-dir: its finished samples are kept (the settings must "
+              "be the same)",
+    "overwrite": "start over in an --out-dir that holds an earlier evaluation, deleting its samples (without it "
+                 "such an evaluation stops at once)",
+}
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
 RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "instruction", "n", "max_new_tokens",
                    "temperature", "top_p", "top_k", "explore", "mix_rate", "mix_entropy_threshold",
@@ -313,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n", type=int, default=32, help="samples per problem (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=0, help="sequences decoded together (default: 0 = as "
                         "many as half the free GPU memory holds; 16 on a CPU)")
-    config.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS)
+    config.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS, EVAL_HELP)
     return parser
 
 

@@ -2,7 +2,7 @@
 rollout.py, the reward in reward.py; this file builds a run, moves data between them and keeps its outputs.
 
     python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B      # the paper's recipe (paper-1.5b)
-    python train.py --preset demo                                          # offline, CPU, about 1.5 minutes
+    python train.py --preset demo                                          # offline, CPU, 63-84 s (2 threads)
 
 One step (`run`): collect_groups (draw prompts -> G rollouts each -> rewards, refilled and filtered as
 --filter-groups says) -> ngrpo.update (group advantages -> replayed old / reference log-probs -> clipped

@@ -178,6 +178,7 @@ def test_sigterm_checkpoints_and_prints_a_resume_command_that_works_when_pasted(
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr
+    assert "\r" not in stderr  # stderr is a pipe: no progress bar runs into the lines
     interrupted = last_line(stderr)
     step = int(interrupted.split("checkpoint of step ")[1].split()[0])
     assert sorted(d.name for d in (out / "checkpoints").iterdir()) == [f"step-{step}"]
@@ -415,3 +416,29 @@ def test_what_needs_the_model_or_the_data_is_refused_in_one_line(tmp_path, capsy
         with pytest.raises(SystemExit) as stopped:
             train.main([*TINY, "--out-dir", str(tmp_path / "run"), *flags])
         assert stopped.value.code == message
+
+
+# ----------------------------------------------------------------------------- 8. texts
+
+
+def test_eval_help_speaks_of_evaluation_not_training():
+    import eval as E
+
+    text = " ".join(E.build_parser().format_help().split())
+    assert "training rollouts" not in text and "checkpoints and summary.json" not in text
+    assert "--out-dir OUT_DIR directory for samples.jsonl (one line per sample), results.json and settings.json" in text
+    assert "--temperature TEMPERATURE sampling temperature (0 = greedy) (default: 0.6)" in text
+    assert "the model to evaluate (required)" in text
+
+
+def test_the_demo_duration_and_the_torch_pin_agree_with_what_they_are_quoted_by():
+    import re
+
+    from config import build_parser
+
+    readme = (ROOT / "README.md").read_text()
+    seconds = re.search(r"(\d+-\d+) s per run", readme).group(1)  # the demo's measured walls
+    assert f"# offline, CPU, {seconds} s" in build_parser(__import__("train").__doc__).format_help()
+    requirements = (ROOT / "requirements.txt").read_text()
+    pin = re.search(r"^torch>=([\d.]+)$", requirements, re.M).group(1)
+    assert re.search(r"any ([\d.]+)\+ works", requirements).group(1) == pin
