@@ -789,8 +789,10 @@ def save_checkpoint(r: Run, step: int) -> None:
     except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)  # the earlier checkpoints stay as they were
-        raise Refused(f"cannot write checkpoint {root / f'step-{step}'}: {reason(error, root)}; the earlier "
+        target = r.out_dir / "checkpoints" / f"step-{step}"
+        raise Refused(f"cannot write checkpoint {target}: {reason(error, target.parent)}; the earlier "
                       "checkpoints are intact") from None
+    if r.world.is_main:
         for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
             shutil.rmtree(old)
     distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
