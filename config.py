@@ -362,6 +362,37 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
     ]
 
 
+# Flags that do something only with another setting: given on the command line (with a value other than the
+# default) without it, they are refused rather than silently ignored.
+IDLE_WITHOUT = {
+    **dict.fromkeys(("warmup_steps", "min_lr_ratio"), (lambda c: c.lr_schedule == "cosine", "--lr-schedule cosine")),
+    **dict.fromkeys(("virtual_max_reward", "virtual_max_count"),
+                    (lambda c: c.adv_estimator == "negative", "--adv-estimator negative")),
+    "loss_agg_rows": (lambda c: c.loss_agg == "token-mean-per-rows", "--loss-agg token-mean-per-rows"),
+    "max_refill_draws": (lambda c: c.refill, "--refill"),
+    "overlong_penalty_factor": (lambda c: c.overlong_buffer > 0, "--overlong-buffer N"),
+    **dict.fromkeys(("sft_lr", "sft_batch_size", "sft_dev_problems", "sft_eval_every"),
+                    (lambda c: c.sft_steps > 0, "--sft-steps N")),
+    **dict.fromkeys(("val_n", "val_limit", "val_temperature", "val_top_p", "val_every", "val_before_train"),
+                    (lambda c: bool(c.val_data), "--val-data")),
+    **dict.fromkeys(("num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "neighbor_refresh"),
+                    (lambda c: c.explore == "neighbor", "--explore neighbor")),
+    "noise_sigma": (lambda c: c.explore in ("gaussian", "gaussian_embed_noise"), "--explore gaussian or "
+                    "gaussian_embed_noise"),
+    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor"), "an --explore other than none and neighbor"),
+}
+
+
+def idle_flags(cfg: "Config", given) -> None:
+    """Refuses flags in `given` (names of fields set on the command line) that cfg's other settings ignore."""
+    defaults = Config()
+    problems = [(name, getattr(cfg, name), f"has no effect without {needed}")
+                for name, (active, needed) in IDLE_WITHOUT.items()
+                if name in given and getattr(cfg, name) != getattr(defaults, name) and not active(cfg)]
+    if problems:
+        raise ConfigError(problems)
+
+
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.
 RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
                       "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
@@ -501,6 +532,7 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
         if args.get("loss") == "gspo" and base.loss != "gspo" and "loss_agg" not in args:
             args["loss_agg"] = "seq-mean-token-mean"  # GSPO's own sequence-level mean (the release's N-GSPO)
         cfg = replace(base, **args)
+        idle_flags(cfg, args)
     except ConfigError as error:
         parser.error(error.describe(typed_values(sys.argv[1:] if argv is None else argv)))
     except (ValueError, OSError) as error:

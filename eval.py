@@ -357,6 +357,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
         parser.error("; ".join(problems))
     try:
         cfg = config.Config(**shared)
+        config.idle_flags(cfg, [name for name in EVAL_FIELDS if hasattr(args, name)])
     except config.ConfigError as error:
         parser.error(error.describe(typed))
     return args, cfg

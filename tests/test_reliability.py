@@ -372,6 +372,9 @@ def test_a_read_only_out_dir_is_one_line(tmp_path, capsys):
                                  "problems to score)"),
     (["--sft-target-accuracy", "0.5"], "--sft-target-accuracy 0.5: has no effect without --sft-steps N (the warm "
                                        "start it may stop early)"),
+    (["--warmup-steps", "5"], "--warmup-steps 5: has no effect without --lr-schedule cosine"),
+    (["--explore", "none", "--num-neighbors", "2"], "--num-neighbors 2: has no effect without --explore neighbor"),
+    (["--val-n", "4"], "--val-n 4: has no effect without --val-data"),
 ])
 def test_a_value_out_of_range_is_refused_naming_its_flag_as_typed(flags, message, capsys):
     from config import parse_config
@@ -387,6 +390,7 @@ def test_a_value_out_of_range_is_refused_naming_its_flag_as_typed(flags, message
     (["--benchmarks", ","], "--benchmarks ,: names benchmarks separated by commas, none of them empty"),
     (["--temperature", "nan"], "--temperature nan: must be a finite number"),
     (["--reward-timeout-s", "-1"], "--reward-timeout-s -1: must be > 0"),
+    (["--noise-sigma", "0.5"], "--noise-sigma 0.5: has no effect without --explore gaussian or gaussian_embed_noise"),
 ])
 def test_eval_refuses_a_value_out_of_range_naming_its_flag(flags, message, capsys):
     import eval as E
