@@ -236,7 +236,7 @@ class Config:
     def check_trainable(self) -> None:
         """The rules that only training adds: a ValueError naming what to change."""
         if self.temperature == 0:
-            raise ValueError("temperature 0 is greedy decoding: every response of a group would be the same and "
+            raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same and "
                              "GRPO would have no signal; train with --temperature > 0")
 
     def save_json(self, path) -> None:

@@ -403,6 +403,8 @@ def main(argv=None) -> dict:
     except guard.Refused as error:  # another evaluation holds --out-dir, or the OS refused a write
         sys.exit(f"error: {error}")
     except OSError as error:
+        if error.errno not in guard.REFUSED_WRITES:
+            raise
         sys.exit(f"error: cannot write {error.filename or cfg.out_dir}: {guard.reason(error, Path(cfg.out_dir))}")
     finally:
         distributed.close_world(world)

@@ -8,6 +8,7 @@ works when pasted, and the OS's refusals told in one line (docs/reliability.md).
 """
 
 import contextlib
+import errno
 import fcntl
 import os
 import shlex
@@ -17,6 +18,8 @@ import sys
 from pathlib import Path
 
 LOCK_FILE = ".lock"
+# What the OS answers when it will not store a file: full disk or quota, read-only, permissions, I/O.
+REFUSED_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
 
 
 class Refused(Exception):
@@ -27,10 +30,12 @@ class Refused(Exception):
 def exclusive(out_dir: Path, program: str):
     """Holds an exclusive flock on OUT/.lock (which records this pid) while the block runs, creating OUT if
     needed. flock belongs to the open file: the OS drops it when the process ends, kill -9 included, so a
-    lock is never stale; the file stays and is reused."""
+    lock is never stale; the file stays and is reused (an out-dir this call created and nothing else wrote to
+    is removed again)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise Refused(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -48,6 +53,10 @@ def exclusive(out_dir: Path, program: str):
         os.pwrite(fd, f"{program}, pid {os.getpid()}\n".encode(), 0)
         yield
     finally:
+        with contextlib.suppress(OSError):  # a run that stopped before writing anything leaves no out-dir
+            if created and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]:
+                (out_dir / LOCK_FILE).unlink()
+                out_dir.rmdir()
         os.close(fd)  # releases the lock
 
 

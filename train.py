@@ -39,7 +39,7 @@ from data import (
     pad_id_of,
     tokenize_problems,
 )
-from guard import Refused, StopOnSignals, exclusive, reason, resume_command
+from guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
@@ -130,6 +130,8 @@ def run(cfg: Config) -> dict:
     except Refused as error:  # another run holds --out-dir, or the OS refused a write
         raise RunError(str(error)) from None
     except OSError as error:  # a write elsewhere in --out-dir (config.json, summary.json, ...)
+        if error.errno not in REFUSED_WRITES:
+            raise
         raise RunError(f"cannot write {error.filename or cfg.out_dir}: {reason(error, Path(cfg.out_dir))}") from None
     finally:
         distributed.close_world(world)

@@ -106,7 +106,7 @@ def test_data_that_is_a_directory(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, named", [(["--group-size", "1"], "--group-size 1: must be at least 2"),
-                                          (["--temperature", "0"], "temperature 0 is greedy")])
+                                          (["--temperature", "0"], "--temperature 0: greedy decoding")])
 def test_settings_that_cannot_learn(tmp_path, capsys, flags, named):
     assert named in error_line(train.main, [*TINY, *flags, "--out-dir", str(tmp_path / "run")], capsys)
 
