@@ -354,11 +354,6 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
          "there is nothing to refill"),
         ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
          f"({c.max_new_tokens})"),
-        ("eval_data", not c.eval_data or c.eval_problems > 0, "has no effect without --eval-problems N (how many "
-         "of its problems to score)"),
-        ("eval_every", not c.eval_every or c.eval_problems > 0, "has no effect without --eval-problems N"),
-        ("sft_target_accuracy", not c.sft_target_accuracy or c.sft_steps > 0, "has no effect without --sft-steps "
-         "N (the warm start it may stop early)"),
     ]
 
 
@@ -380,6 +375,9 @@ IDLE_WITHOUT = {
     "noise_sigma": (lambda c: c.explore in ("gaussian", "gaussian_embed_noise"), "--explore gaussian or "
                     "gaussian_embed_noise"),
     "soft_top_k": (lambda c: c.explore not in ("none", "neighbor"), "an --explore other than none and neighbor"),
+    "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
+    "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
+    "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
 }
 
 
