@@ -610,8 +610,8 @@ class RewardPool:
         """Counts a check that gave no score; prints the first failure of a user's function in full."""
         name = self.reward_fn or f"the {self.grader} grader"
         if self.reward_fn and not self.errors + self.timeouts:
-            print(f"warning: reward {name}: {message} (scored 0; further failures are counted in each step's "
-                  f"reward_errors / reward_timeouts)\n{detail}".rstrip(), file=sys.stderr, flush=True)
+            print(f"warning: reward {name}: {message} (scored 0; further failures are counted, not "
+                  f"printed)\n{detail}".rstrip(), file=sys.stderr, flush=True)
         self.errors, self.timeouts = self.errors + (not timed_out), self.timeouts + timed_out
         self.last_error = f"{name}: {message}"
 
