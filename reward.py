@@ -608,7 +608,7 @@ class RewardPool:
 
     def _failed(self, message: str, detail: str = "", timed_out: bool = False) -> None:
         """Counts a check that gave no score; prints the first failure of a user's function in full."""
-        name = self.reward_fn or f"the {self.grader} grader"
+        name = self.reward_fn or f"grader {self.grader}"
         if self.reward_fn and not self.errors + self.timeouts:
             print(f"warning: reward {name}: {message} (scored 0; further failures are counted, not "
                   f"printed)\n{detail}".rstrip(), file=sys.stderr, flush=True)
