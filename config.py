@@ -275,7 +275,8 @@ class ConfigError(ValueError):
         super().__init__(self.describe({}))
 
     def describe(self, typed: dict[str, str]) -> str:
-        return "; ".join(f"--{name.replace('_', '-')} {typed.get(name, shown(value))}: {message}"
+        return "; ".join(f"--{'' if value is not False else 'no-'}{name.replace('_', '-')}"
+                         f"{'' if isinstance(value, bool) else ' ' + typed.get(name, shown(value))}: {message}"
                          for name, value, message in self.problems)
 
 
