@@ -10,6 +10,9 @@ preset. Each flag is the field name with dashes (`mix_rate` -> `--mix-rate`) and
 
 import argparse
 import json
+import math
+import shlex
+import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -94,6 +97,12 @@ class Config:
                          "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = the grader)")
     require_boxed: bool = option(False, "only \\boxed answers count (a format-strict reward); by default a "
                                  "final answer stated without a box counts too")
+    reward_timeout_s: float = option(5.0, "seconds one answer's check may take (the grader's or --reward's): past "
+                                     "it the check's worker is killed and the answer scores 0, counted in "
+                                     "reward_timeouts")
+    reward_fail_steps: int = option(3, "stop the run once no answer of a step could be scored (each check raised, "
+                                    "timed out or returned no finite number) for this many steps in a row "
+                                    "(0 = never stop)")
 
     # --- the GRPO / PPO update
     loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio exp(mean(logp - old_logp))",
@@ -204,75 +213,30 @@ class Config:
                             "(e.g. val/aime24/mean@32) in OUT/best, beside the latest checkpoints")
 
     def __post_init__(self):
-        problems = []
-        for f in fields(self):
-            choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
-                problems.append(f"{f.name} must be one of {', '.join(choices)}, not {getattr(self, f.name)!r}")
-        checks = [
-            (0.0 <= self.mix_rate <= 1.0, "mix_rate must be in [0, 1]"),
-            (self.mix_entropy_threshold >= 0, "mix_entropy_threshold must be >= 0 (0 = off)"),
-            (self.mix_entropy_threshold == 0 or self.explore not in ("none", "soft"), "mix_entropy_threshold "
-             "replaces the mixing coin, which --explore none and soft do not have"),
-            (self.mix_feed == "sampler" or self.explore != "none", "mix_feed replay-only needs an exploration "
-             "strategy that records mixtures (--explore none records none)"),
-            (self.num_neighbors >= 1, "num_neighbors must be at least 1"),
-            (self.group_size >= 2, f"group_size must be at least 2, not {self.group_size}: advantages compare the "
-             "responses of a group, so a group of one carries no learning signal"),
-            (self.prompts_per_step >= 1, "prompts_per_step must be >= 1"),
-            (self.mini_batch_prompts >= 1 and self.prompts_per_step % self.mini_batch_prompts == 0,
-             f"mini_batch_prompts ({self.mini_batch_prompts}) must divide prompts_per_step ({self.prompts_per_step})"),
-            (self.loss_agg_rows >= 1, "loss_agg_rows must be at least 1"),
-            (self.micro_batch_size >= 1 and self.logprob_chunk_tokens >= 1, "micro_batch_size and "
-             "logprob_chunk_tokens must be at least 1"),
-            (self.rollout_batch_size >= 0, "rollout_batch_size must be >= 0 (0 = all rows at once)"),
-            (self.sft_steps >= 0 and self.sft_batch_size >= 1 and self.sft_lr > 0, "sft_steps must be >= 0, "
-             "sft_batch_size >= 1 and sft_lr > 0"),
-            (0.0 <= self.sft_target_accuracy <= 1.0, "sft_target_accuracy must be in [0, 1] (0 = off)"),
-            (self.sft_dev_problems >= 1 and self.sft_eval_every >= 1,
-             "sft_dev_problems and sft_eval_every must be at least 1"),
-            (self.device in ("", "cpu", "cuda") or self.device.startswith("cuda:"), "device must be cpu or cuda"),
-            (self.dist_timeout_s > 0, "dist_timeout_s must be > 0"),
-            (self.temperature >= 0, "temperature must be >= 0 (0 = greedy, for evaluation only)"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (self.top_k >= 0 and self.soft_top_k >= 1, "top_k must be >= 0 and soft_top_k >= 1"),
-            (self.clip_low >= 0 and self.clip_high >= 0, "clip_low and clip_high must be >= 0"),
-            (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip must be 0 (off) or > 1"),
-            (self.kl_coef >= 0 and self.lr > 0, "kl_coef must be >= 0 and lr > 0"),
-            (self.warmup_steps >= 0 and 0.0 <= self.min_lr_ratio <= 1.0, "warmup_steps must be >= 0 and "
-             "min_lr_ratio in [0, 1]"),
-            (self.old_logp == "replay" or (self.top_p == 1.0 and self.top_k == 0),
-             "old_logp=rollout needs top_p=1 and top_k=0: with filtering the sampler's log-probs are of the "
-             "filtered distribution and the replayed ones are not"),
-            (self.max_prompt_tokens >= 1 and self.max_new_tokens >= 1, "max_prompt_tokens and max_new_tokens must "
-             "be >= 1"),
-            (self.max_steps >= 0 and self.save_every >= 0 and self.keep_last >= 0 and self.eval_problems >= 0
-             and self.eval_every >= 0 and self.log_completions_every >= 0 and self.ppo_epochs >= 1,
-             "max_steps, save_every, keep_last, eval_problems, eval_every and log_completions_every must be >= 0, "
-             "ppo_epochs >= 1"),
-            (self.virtual_max_count >= 1, "virtual_max_count must be at least 1"),
-            (all(name.strip() in ("", "none", "tensorboard", "wandb") for name in self.report_to.split(",")),
-             f"report_to takes tensorboard, wandb or both (comma-separated), not {self.report_to!r}"),
-            (self.val_n >= 1 and self.val_limit >= 0 and self.val_every >= 0, "val_n must be >= 1, val_limit and "
-             "val_every >= 0"),
-            (self.val_temperature >= 0 and 0.0 < self.val_top_p <= 1.0, "val_temperature must be >= 0 and "
-             "val_top_p in (0, 1]"),
-            (not self.keep_best or (self.val_data and self.keep_best.startswith("val/")), "keep_best names a "
-             "validation metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
-            (self.max_refill_draws >= 0, "max_refill_draws must be >= 0"),
-            (not self.refill or self.filter_groups != "none", "refill needs --filter-groups: with nothing "
-             "filtered there is nothing to refill"),
-            (0 <= self.overlong_buffer <= self.max_new_tokens, "overlong_buffer must be in [0, max_new_tokens]"),
-            (self.overlong_penalty_factor >= 0, "overlong_penalty_factor must be >= 0"),
-        ]
-        problems += [message for ok, message in checks if not ok]
+        problems = [(f.name, f"must be one of {', '.join(f.metadata['choices'])}") for f in fields(self)
+                    if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]]
+        problems += [(f.name, "must be a finite number") for f in fields(self)
+                     if f.type is float and not math.isfinite(getattr(self, f.name))]
+        problems += [(name, allowed) for name, (ok, allowed) in RANGES.items()
+                     if (name, "must be a finite number") not in problems and not ok(getattr(self, name))]
+        problems += [(name, message) for name, ok, message in combination_rules(self) if not ok]
         if problems:
-            raise ValueError("invalid config: " + "; ".join(problems))
+            raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
+
+    def check_vocabulary(self, vocab_size: int, model: str) -> None:
+        """The rules that need the model's vocabulary size: a ConfigError naming the flag."""
+        problems = []
+        if self.explore == "neighbor" and self.num_neighbors >= vocab_size:
+            problems.append(("num_neighbors", f"must be below the vocabulary size of --model {model} ({vocab_size})"))
+        if self.explore not in ("none", "neighbor") and self.soft_top_k > vocab_size:
+            problems.append(("soft_top_k", f"must be at most the vocabulary size of --model {model} ({vocab_size})"))
+        if problems:
+            raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
 
     def check_trainable(self) -> None:
         """The rules that only training adds: a ValueError naming what to change."""
         if self.temperature == 0:
-            raise ValueError("temperature 0 is greedy decoding: every response of a group would be the same and "
+            raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same and "
                              "GRPO would have no signal; train with --temperature > 0")
 
     def save_json(self, path) -> None:
@@ -302,10 +266,137 @@ class Config:
         return cls(**values)
 
 
+class ConfigError(ValueError):
+    """Settings out of range, one message per flag: `--save-every -1: must be >= 0 (0 = only at the end)`.
+    parse_config shows each value as it was typed (`describe(typed)`)."""
+
+    def __init__(self, problems: list[tuple[str, object, str]]):  # (field, its value, what it must be)
+        self.problems = problems
+        super().__init__(self.describe({}))
+
+    def describe(self, typed: dict[str, str]) -> str:
+        return "; ".join(f"--{'' if value is not False else 'no-'}{name.replace('_', '-')}"
+                         f"{'' if isinstance(value, bool) else ' ' + typed.get(name, shown(value))}: {message}"
+                         for name, value, message in self.problems)
+
+
+def shown(value) -> str:
+    """A value as one would type it on a command line."""
+    return shlex.quote(value) if isinstance(value, str) else str(value)
+
+
+_AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")
+_AT_LEAST_0 = (lambda v: v >= 0, "must be >= 0")
+_POSITIVE = (lambda v: v > 0, "must be > 0")
+_FRACTION = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
+_NONEMPTY = (lambda v: v.strip() != "", "must not be empty")
+# Each field's allowed values (choices and finiteness are checked for every field); the few rules that
+# relate two fields are in combination_rules.
+RANGES = {
+    "model": _NONEMPTY, "data": _NONEMPTY, "max_prompt_tokens": _AT_LEAST_1, "max_new_tokens": _AT_LEAST_1,
+    "prompts_per_step": _AT_LEAST_1,
+    "group_size": (lambda v: v >= 2, "must be at least 2: advantages compare the responses of a group, so a "
+                   "group of one carries no learning signal"),
+    "temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy, for evaluation only)"),
+    "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "top_k": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
+    "rollout_batch_size": (lambda v: v >= 0, "must be >= 0 (0 = all rows at once)"),
+    "mix_rate": _FRACTION, "mix_entropy_threshold": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
+    "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
+    "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
+    "reward_timeout_s": _POSITIVE, "reward_fail_steps": (lambda v: v >= 0, "must be >= 0 (0 = never stop)"),
+    "adv_eps": (lambda v: v > 0, "must be > 0: it keeps a group whose rewards are all equal from dividing by "
+                "zero (a negative one flips the advantages' sign)"),
+    "clip_low": (lambda v: 0 <= v < 1, "must be in [0, 1): the ratio's floor 1 - clip_low must stay above 0"),
+    "clip_high": _AT_LEAST_0, "dual_clip": (lambda v: v == 0 or v > 1, "must be 0 (off) or > 1"),
+    "kl_coef": (lambda v: v >= 0, "must be >= 0 (0 = no reference model)"), "loss_agg_rows": _AT_LEAST_1,
+    "ppo_epochs": _AT_LEAST_1, "mini_batch_prompts": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
+    "virtual_max_count": _AT_LEAST_1, "max_refill_draws": _AT_LEAST_0, "overlong_buffer": _AT_LEAST_0,
+    "overlong_penalty_factor": _AT_LEAST_0, "lr": _POSITIVE, "warmup_steps": _AT_LEAST_0,
+    "min_lr_ratio": _FRACTION, "weight_decay": _AT_LEAST_0,
+    "grad_clip": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "logprob_chunk_tokens": _AT_LEAST_1,
+    "sft_steps": (lambda v: v >= 0, "must be >= 0 (0 = none)"), "sft_lr": _POSITIVE, "sft_batch_size": _AT_LEAST_1,
+    "sft_target_accuracy": (lambda v: 0 <= v <= 1, "must be in [0, 1] (0 = off)"),
+    "sft_dev_problems": _AT_LEAST_1, "sft_eval_every": _AT_LEAST_1,
+    # The seed reaches torch.manual_seed and 64-bit counter hashes.
+    "seed": (lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"),
+    "max_steps": (lambda v: v >= 0, "must be >= 0 (0 = one pass over the data)"), "out_dir": _NONEMPTY,
+    "save_every": (lambda v: v >= 0, "must be >= 0 (0 = only at the end)"),
+    "keep_last": (lambda v: v >= 0, "must be >= 0 (0 = keep all)"),
+    "log_completions_every": (lambda v: v >= 0, "must be >= 0 (0 = never)"),
+    "eval_problems": (lambda v: v >= 0, "must be >= 0 (0 = no held-out eval)"),
+    "eval_every": (lambda v: v >= 0, "must be >= 0 (0 = only before and after)"),
+    "device": (lambda v: v in ("", "cpu", "cuda") or v.startswith("cuda:"), "must be cpu, cuda or cuda:N"),
+    "dist_timeout_s": _POSITIVE, "val_n": _AT_LEAST_1, "val_limit": (lambda v: v >= 0, "must be >= 0 (0 = all)"),
+    "val_temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"), "val_top_p": (lambda v: 0 < v <= 1,
+                                                                                      "must be in (0, 1]"),
+    "val_every": (lambda v: v >= 0, "must be >= 0 (0 = only after the last step)"),
+    "report_to": (lambda v: all(n.strip() in ("", "none", "tensorboard", "wandb") for n in v.split(",")),
+                  "takes tensorboard, wandb or both (comma-separated)"),
+    "val_data": (lambda v: v == "" or all(n.strip() for n in v.split(",")), "names benchmarks separated by "
+                 "commas, none of them empty"),
+}
+
+
+def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
+    """(the field a message names, whether its setting agrees with the others, message)."""
+    return [
+        ("mix_entropy_threshold", c.mix_entropy_threshold == 0 or c.explore not in ("none", "soft"),
+         "replaces the mixing coin, which --explore none and soft do not have"),
+        ("mix_feed", c.mix_feed == "sampler" or c.explore != "none", "replay-only needs an exploration strategy "
+         "that records mixtures (--explore none records none)"),
+        ("mini_batch_prompts", c.mini_batch_prompts < 1 or c.prompts_per_step % c.mini_batch_prompts == 0,
+         f"must divide --prompts-per-step ({c.prompts_per_step})"),
+        ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0), "rollout needs --top-p 1 and "
+         "--top-k 0: with filtering the sampler's log-probs are of the filtered distribution and the replayed "
+         "ones are not"),
+        ("keep_best", not c.keep_best or (c.val_data and c.keep_best.startswith("val/")), "names a validation "
+         "metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
+        ("refill", not c.refill or c.filter_groups != "none", "needs --filter-groups: with nothing filtered "
+         "there is nothing to refill"),
+        ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
+         f"({c.max_new_tokens})"),
+    ]
+
+
+# Flags that do something only with another setting: given on the command line (with a value other than the
+# default) without it, they are refused rather than silently ignored.
+IDLE_WITHOUT = {
+    **dict.fromkeys(("warmup_steps", "min_lr_ratio"), (lambda c: c.lr_schedule == "cosine", "--lr-schedule cosine")),
+    **dict.fromkeys(("virtual_max_reward", "virtual_max_count"),
+                    (lambda c: c.adv_estimator == "negative", "--adv-estimator negative")),
+    "loss_agg_rows": (lambda c: c.loss_agg == "token-mean-per-rows", "--loss-agg token-mean-per-rows"),
+    "max_refill_draws": (lambda c: c.refill, "--refill"),
+    "overlong_penalty_factor": (lambda c: c.overlong_buffer > 0, "--overlong-buffer N"),
+    **dict.fromkeys(("sft_lr", "sft_batch_size", "sft_dev_problems", "sft_eval_every"),
+                    (lambda c: c.sft_steps > 0, "--sft-steps N")),
+    **dict.fromkeys(("val_n", "val_limit", "val_temperature", "val_top_p", "val_every", "val_before_train"),
+                    (lambda c: bool(c.val_data), "--val-data")),
+    **dict.fromkeys(("num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "neighbor_refresh"),
+                    (lambda c: c.explore == "neighbor", "--explore neighbor")),
+    "noise_sigma": (lambda c: c.explore in ("gaussian", "gaussian_embed_noise"), "--explore gaussian or "
+                    "gaussian_embed_noise"),
+    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor"), "an --explore other than none and neighbor"),
+    "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
+    "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
+    "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
+}
+
+
+def idle_flags(cfg: "Config", given) -> None:
+    """Refuses flags in `given` (names of fields set on the command line) that cfg's other settings ignore."""
+    defaults = Config()
+    problems = [(name, getattr(cfg, name), f"has no effect without {needed}")
+                for name, (active, needed) in IDLE_WITHOUT.items()
+                if name in given and getattr(cfg, name) != getattr(defaults, name) and not active(cfg)]
+    if problems:
+        raise ConfigError(problems)
+
+
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.
 RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
                       "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
-                      "val_before_train", "report_to", "dist_timeout_s")
+                      "val_before_train", "report_to", "dist_timeout_s", "reward_timeout_s",
+                      "reward_fail_steps")
 
 
 _1P5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
@@ -371,20 +462,24 @@ SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
             "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
 
 
-def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None,
+                     helps: dict | None = None) -> None:
     """One flag per Config field (or per field in `names`), in the sections of SECTIONS, each showing its
-    default (from `defaults` where given). Flags not given stay out of the namespace (SUPPRESS), so a caller
-    can tell an explicit value from a default."""
-    defaults = defaults or {}
+    default (from `defaults` where given) and its help (from `helps` where given: another program's words;
+    one that says its default itself is shown as it is). Flags not given stay out of the namespace
+    (SUPPRESS), so a caller can tell an explicit value from a default."""
+    defaults, helps = defaults or {}, helps or {}
     group = parser
     for f in fields(Config):
         if f.name in SECTIONS:
-            group = parser.add_argument_group(SECTIONS[f.name])
+            group = parser.add_argument_group(helps.get(SECTIONS[f.name], SECTIONS[f.name]))
         if names is not None and f.name not in names:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = defaults.get(f.name, f.default)
-        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+        help_text = helps.get(f.name, f.metadata["help"])
+        help_text = (help_text if "(default:" in help_text or "(required" in help_text
+                     else f"{help_text} (default: {default!r})").replace("%", "%%")
         if f.type is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
@@ -409,6 +504,22 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def typed_values(argv: list[str]) -> dict[str, str]:
+    """{field: the value as typed} of the `--flag value` and `--flag=value` pairs in argv (the last one wins,
+    as for argparse), so that a message quotes the user's `1e-6`, not Python's `1e-06`."""
+    typed = {}
+    for index, token in enumerate(argv):
+        name, equals, value = token.partition("=")
+        if not name.startswith("--"):
+            continue
+        if not equals:
+            if index + 1 >= len(argv):
+                continue
+            value = argv[index + 1]
+        typed[name[2:].replace("-", "_")] = shown(value) if value == "" or " " in value else value
+    return typed
+
+
 def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     parser = build_parser(description)
     args = vars(parser.parse_args(argv))
@@ -420,6 +531,9 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
         if args.get("loss") == "gspo" and base.loss != "gspo" and "loss_agg" not in args:
             args["loss_agg"] = "seq-mean-token-mean"  # GSPO's own sequence-level mean (the release's N-GSPO)
         cfg = replace(base, **args)
+        idle_flags(cfg, args)
+    except ConfigError as error:
+        parser.error(error.describe(typed_values(sys.argv[1:] if argv is None else argv)))
     except (ValueError, OSError) as error:
         parser.error(str(error))
     if show:

@@ -186,6 +186,9 @@ def read_problem_file(path: Path) -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error})") from None
+    if path.suffix == ".json" and not text.lstrip().startswith("["):
+        raise DataError(f"{path}: a .json file of problems holds one JSON list of objects ([{{...}}, ...]), this "
+                        "one does not; for one object per line name it .jsonl")
     records = _json_list(text, path) if text.lstrip().startswith("[") else _json_lines(text, path)
     return [normalise_record(record, f"{path}:{line}", default_id=f"{path.stem}-{i}")
             for i, (line, record) in enumerate(records)]
@@ -247,6 +250,9 @@ def normalise_record(record, where: str, *, default_id: str) -> dict:
     answer = next((record[k] for k in ANSWER_FIELDS if record.get(k) not in (None, "", [])), None)
     if answer is None and isinstance(record.get("reward_model"), dict):  # verl's parquet layout
         answer = record["reward_model"].get("ground_truth")
+    if isinstance(answer, dict) or (isinstance(answer, (list, tuple)) and any(isinstance(a, dict) for a in answer)):
+        raise DataError(f"{where}: the answer is a JSON object ({json.dumps(answer)[:80]}); a reference answer is a "
+                        "string or a number, or a list of them")
     answer = _answer_text(answer)
     if not answer and isinstance(record.get("solution"), str):
         from reward import extract_answer

@@ -29,6 +29,7 @@ import torch
 import config
 import data
 import distributed
+import guard
 import reward
 from distributed import World
 from estimators import PASS_KS, intervals, pass_at_k
@@ -146,13 +147,16 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     done = finished_samples(samples_path, resume) if world.is_main else None
     done = distributed.broadcast_object(done, world)
     results = {}
-    with open(samples_path, "a") if world.is_main else contextlib.nullcontext() as samples_file:
+    total_rounds = sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks)
+    generated = 0 if progress and world.is_main else -1  # batches generated; the estimate is told at the second
+    # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is closed
+    with open(samples_path, "ab", buffering=0) if world.is_main else contextlib.nullcontext() as samples_file:
         for name, problems, kind in benchmarks:
             items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
             batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
             rounds = range(0, len(batches), world.size)
-            bar = tqdm(rounds, desc=name, unit="batch", disable=not (progress and world.is_main),
-                       file=sys.stderr)
+            bar = tqdm(rounds, desc=name, unit="batch", disable=None if progress and world.is_main else True,
+                       file=sys.stderr)  # None: no bar when stderr is a file, where it would run into the lines
             for first in bar:
                 mine = [], 0
                 if first + world.rank < len(batches):
@@ -161,14 +165,14 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                     mine = run_batch(name, problems, kind, batches[index], done, generate_fn, score_fn,
                                      benchmark_seed(seed, name))
                     bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
+                    generated += generated >= 0 and mine[1] > 0
+                    if generated == 2:  # the first one includes warm-up
+                        tell_estimate(time.perf_counter() - start, total_rounds, n, benchmarks)
                 this_round = min(world.size, len(batches) - first)
-                for records, _ in distributed.gather_dealt([mine], this_round, world):
-                    for record in records:
-                        done[(name, record["problem_id"], record["sample"])] = record
-                        if world.is_main:
-                            samples_file.write(json.dumps(record) + "\n")
+                records = [r for records, _ in distributed.gather_dealt([mine], this_round, world) for r in records]
+                done.update({(name, record["problem_id"], record["sample"]): record for record in records})
                 if world.is_main:
-                    samples_file.flush()  # a finished batch survives an interruption
+                    append_samples(samples_file, records)
             correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
             results[name] = summarize(correct, n)
     math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
@@ -179,6 +183,28 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
         record = {**results, "scored_by": scored_by} if scored_by else results
         (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     return results
+
+
+def tell_estimate(batch_s: float, total_rounds: int, n: int, benchmarks) -> None:
+    """Says how long the whole evaluation will take at one batch's pace, when that is a minute or more (a
+    --n of 100,000 would otherwise run for hours without a word)."""
+    total_s = batch_s * total_rounds
+    if total_s >= 60:
+        problems = sum(len(p) for _, p, _ in benchmarks)
+        print(f"eval: {problems} problems x --n {n} = {problems * n} samples in {total_rounds} batches; at "
+              f"{batch_s:.2f} s a batch, about {total_s / 3600:.1f} h in all (lower --n or --limit to shorten it)",
+              file=sys.stderr, flush=True)
+
+
+def append_samples(samples_file, records: list[dict]) -> None:
+    """Appends a finished batch at once, so that it survives an interruption; a refused write (a full disk)
+    names the file. A torn last line is dropped by the next --resume."""
+    unwritten = memoryview("".join(json.dumps(record) + "\n" for record in records).encode())
+    try:
+        while unwritten:
+            unwritten = unwritten[samples_file.write(unwritten):]
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, samples_file.name) from None
 
 
 def finished_samples(samples_path: Path, resume: bool) -> dict:
@@ -251,8 +277,27 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
                "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
                "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader",
-               "reward", "require_boxed")
+               "reward", "require_boxed", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
+# eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
+EVAL_HELP = {
+    "model": "the model to evaluate (required): a Hugging Face directory such as a run's "
+             "runs/ngrpo/checkpoints/step-N, a hub id, or 'tiny' (random, offline)",
+    "rollouts": "sampling (the paper's evaluation protocol by default)",
+    "temperature": "sampling temperature (0 = greedy)",
+    "top_p": "nucleus sampling threshold (1 = off)",
+    "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): neighbor = "
+               "N-GRPO's neighbor mixing, soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures, "
+               "and the released code's topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
+    "the run": "the evaluation",
+    "seed": "seed of the samples' draws (each sample's draws depend on the seed, its benchmark, problem and "
+            "sample number only)",
+    "out_dir": "directory for samples.jsonl (one line per sample), results.json and settings.json",
+    "resume": "continue an interrupted evaluation in --out-dir: its finished samples are kept (the settings must "
+              "be the same)",
+    "overwrite": "start over in an --out-dir that holds an earlier evaluation, deleting its samples (without it "
+                 "such an evaluation stops at once)",
+}
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
 RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "instruction", "n", "max_new_tokens",
                    "temperature", "top_p", "top_k", "explore", "mix_rate", "mix_entropy_threshold",
@@ -275,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n", type=int, default=32, help="samples per problem (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=0, help="sequences decoded together (default: 0 = as "
                         "many as half the free GPU memory holds; 16 on a CPU)")
-    config.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS)
+    config.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS, EVAL_HELP)
     return parser
 
 
@@ -284,18 +329,25 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
     parser = build_parser()
     args = parser.parse_args(argv)
     shared = {**EVAL_DEFAULTS, **{name: getattr(args, name) for name in EVAL_FIELDS if hasattr(args, name)}}
-    problems = [message for ok, message in [
-        (args.n >= 1, f"--n must be at least 1, not {args.n}"),
-        (args.limit is None or args.limit >= 1, f"--limit must be at least 1, not {args.limit}"),
-        (args.batch_size >= 0, f"--batch-size must be >= 0 (0 = automatic), not {args.batch_size}"),
-        ("model" in shared, "--model is required: a checkpoint directory, a hub id, or 'tiny'"),
-    ] if not ok]
+    typed = config.typed_values(sys.argv[1:] if argv is None else argv)
+    rules = [
+        ("n", args.n >= 1, "must be at least 1"),
+        ("limit", args.limit is None or args.limit >= 1, "must be at least 1"),
+        ("batch_size", args.batch_size >= 0, "must be >= 0 (0 = automatic)"),
+        ("benchmarks", all(name.strip() for name in args.benchmarks.split(",")), "names benchmarks separated by "
+         "commas, none of them empty"),
+    ]
+    problems = [f"--{name.replace('_', '-')} {typed.get(name, getattr(args, name))}: {message}"
+                for name, ok, message in rules if not ok]
+    if "model" not in shared:
+        problems.append("--model is required: a checkpoint directory, a hub id, or 'tiny'")
     if problems:
         parser.error("; ".join(problems))
     try:
         cfg = config.Config(**shared)
-    except ValueError as error:
-        parser.error(str(error))
+        config.idle_flags(cfg, [name for name in EVAL_FIELDS if hasattr(args, name)])
+    except config.ConfigError as error:
+        parser.error(error.describe(typed))
     return args, cfg
 
 
@@ -332,9 +384,16 @@ def main(argv=None) -> dict:
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:
-        results = run(args, cfg, world)
+        with guard.exclusive(Path(cfg.out_dir), "eval.py") if world.is_main else contextlib.nullcontext():
+            results = run(args, cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return results
+    except guard.Refused as error:  # another evaluation holds --out-dir, or the OS refused a write
+        sys.exit(f"error: {error}")
+    except OSError as error:
+        if error.errno not in guard.REFUSED_WRITES:
+            raise
+        sys.exit(f"error: cannot write {error.filename or cfg.out_dir}: {guard.reason(error, Path(cfg.out_dir))}")
     finally:
         distributed.close_world(world)
 
@@ -346,7 +405,8 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
     out_dir = Path(cfg.out_dir)
     try:
         device = world.device if world.distributed else resolve_device(cfg.device)
-        pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
+        pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                                 timeout_s=cfg.reward_timeout_s)
         settings = settings_of(args, cfg)
         if world.is_main:
             claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
@@ -361,6 +421,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
             tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
         except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
             raise data.DataError(data.describe_load_error(error, f"--model {cfg.model}")) from None
+        cfg.check_vocabulary(model.cfg.vocab_size, cfg.model)
         exploration = exploration_from_config(cfg, tokenizer)
     except (data.DataError, ValueError) as error:
         sys.exit(f"error: {error}")
@@ -389,7 +450,11 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
                            seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by,
                            score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+        failed = distributed.sum_across({"errors": pool.errors, "timeouts": pool.timeouts}, world)
     if world.is_main:
+        if failed["errors"] or failed["timeouts"]:
+            print(f"warning: {failed['errors']:.0f} reward error(s) and {failed['timeouts']:.0f} timeout(s) scored 0 "
+                  f"(last: {pool.last_error or 'on another rank'})", file=sys.stderr)
         print(format_table(results))
         print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
     return results

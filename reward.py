@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from collections import deque
@@ -93,9 +94,15 @@ def _scorer(settings: dict):
     return lambda candidates, reference: float(any(equivalent(c, reference) for c in candidates))
 
 
+class BadScore(ValueError):
+    """A reward function returned something that is not a finite number (NaN, inf, None, a string)."""
+
+
 def _finite(value) -> float:
-    value = float(value)
-    return value if math.isfinite(value) else 0.0
+    """A user's score as a float; anything but a finite number is an error, never a silent 0."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__") or not math.isfinite(float(value)):
+        raise BadScore(f"returned {value!r:.60} ({type(value).__name__}); a score must be a finite number")
+    return float(value)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -105,6 +112,16 @@ def _finite(value) -> float:
 # unsafe under torch's threads, and spawn/forkserver re-import the caller's __main__ (train.py, hence
 # torch) in every worker and in every replacement of a killed one. A worker here imports only this file,
 # grader.py and sympy (~0.5 s), and killing it (SIGKILL) works whatever C code it is stuck in.
+
+def _failure(error: Exception) -> list[str]:
+    """[one-line message, the traceback from the user's own code down] of a user's function's failure."""
+    if isinstance(error, BadScore):
+        return [str(error), ""]
+    frame = error.__traceback__
+    while frame is not None and frame.tb_frame.f_code.co_filename == __file__:  # our frames say nothing
+        frame = frame.tb_next
+    return [f"{type(error).__name__}: {error}", "".join(traceback.format_exception(type(error), error, frame))]
+
 
 def _worker_command(settings: dict) -> list[str]:
     here = str(Path(__file__).resolve().parent)
@@ -134,20 +151,17 @@ def _serve() -> None:
     equivalent("(x+1)^2 \\le 3", "x^2+2x+1 \\leq 3")  # load sympy's lazy modules before the first timed job
     replies.write('"ready"\n')
     replies.flush()
-    warned = False
     for line in sys.stdin:
         job_id, payload, reference, timeout_s = json.loads(line)
         signal.setitimer(signal.ITIMER_REAL, timeout_s + 2.0)
+        reply = [job_id, 0.0]
         try:
-            value = score(payload, reference)
-        except Exception as error:  # a failing check scores 0; say why once, not once per pair
-            value = 0.0
-            if not warned:
-                print(f"reward worker: {type(error).__name__}: {error} (scored 0; further errors not shown)",
-                      file=sys.stderr, flush=True)
-                warned = True
+            reply[1] = score(payload, reference)
+        except Exception as error:  # the grader's failures mean "not equal"; a user's function's are reported
+            if settings["reward_fn"]:
+                reply.append(_failure(error))
         signal.setitimer(signal.ITIMER_REAL, 0)
-        replies.write(json.dumps([job_id, value]) + "\n")
+        replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
 
@@ -193,7 +207,10 @@ _live_pools = weakref.WeakSet()
 class RewardPool:
     """Scores batches of (response, reference) pairs in parallel worker processes, each check bounded by
     `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start
-    on first need and live until close() (or exit).
+    on first need and live until close() (or exit). Failures are never silent: `timeouts` counts the checks
+    that ran out of time (any grader), `errors` those a user's function failed (it raised, killed its
+    worker, or returned no finite number), `last_error` says the latest; the first one is printed to stderr
+    with its traceback.
 
     grader: "ours" (grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
     or "math-verify" (pip install math-verify). reward_fn: "module:function" or "path/to/file.py:function",
@@ -224,6 +241,7 @@ class RewardPool:
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
+        self.errors, self.timeouts, self.last_error = 0, 0, ""
         _live_pools.add(self)
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
@@ -288,6 +306,7 @@ class RewardPool:
             for worker in list(self._workers):
                 if worker.job is not None and now >= worker.deadline:
                     scores[worker.job] = 0.0
+                    self._failed(f"timed out after {timeout_s:g} s", timed_out=True)
                     self._replace(worker)
 
     def _dispatch(self, worker: _Worker, index: int, payload, reference: str,
@@ -296,6 +315,7 @@ class RewardPool:
             worker.send(index, payload, reference, timeout_s)
         except OSError:  # it died while idle
             scores[index] = 0.0
+            self._failed(f"its worker process died (exit status {worker.process.poll()})")
             self._replace(worker)
 
     def _read(self, worker: _Worker, scores: list[bool]) -> None:
@@ -305,15 +325,27 @@ class RewardPool:
                 raise RuntimeError("a reward worker exited while starting (see its stderr above)")
             if worker.job is not None:
                 scores[worker.job] = 0.0
+                self._failed(f"its worker process died (exit status {worker.process.poll()})")
             self._replace(worker)
             return
         for message in messages:
             if message == "ready":
                 worker.ready = True
             else:
-                job, score = message
+                job, score, *failure = message
                 scores[job] = score
                 worker.job = None
+                if failure:
+                    self._failed(*failure[0])
+
+    def _failed(self, message: str, detail: str = "", timed_out: bool = False) -> None:
+        """Counts a check that gave no score; prints the first failure of a user's function in full."""
+        name = self.reward_fn or f"grader {self.grader}"
+        if self.reward_fn and not self.errors + self.timeouts:
+            print(f"warning: reward {name}: {message} (scored 0; further failures are counted, not "
+                  f"printed)\n{detail}".rstrip(), file=sys.stderr, flush=True)
+        self.errors, self.timeouts = self.errors + (not timed_out), self.timeouts + timed_out
+        self.last_error = f"{name}: {message}"
 
     def _start_worker(self) -> _Worker:
         worker = _Worker(self._command)

@@ -715,7 +715,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     step = DecodeStep(model, cache, cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
     logits = torch.zeros(S, model.cfg.vocab_size, device=device)
     bar = tqdm(total=N, desc="rollout", unit="row", leave=False, delay=2, file=sys.stderr,
-               disable=not progress)
+               disable=None if progress else True)  # None: no bar into a log file
     while True:
         ended = schedule.retire(state.live(N, T_max).tolist())  # the loop's host sync
         if ended:

@@ -2,7 +2,7 @@
 rollout.py, the reward in reward.py; this file builds a run, moves data between them and keeps its outputs.
 
     python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B      # the paper's recipe (paper-1.5b)
-    python train.py --preset demo                                          # offline, CPU, about 1.5 minutes
+    python train.py --preset demo                                          # offline, CPU, 63-84 s (2 threads)
 
 One step (`run`): collect_groups (draw prompts -> G rollouts each -> rewards, refilled and filtered as
 --filter-groups says) -> ngrpo.update (group advantages -> replayed old / reference log-probs -> clipped
@@ -10,11 +10,11 @@ mini-batch steps) -> metrics -> checkpoint. Outputs in --out-dir: config.json, m
 completions.jsonl, checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
 """
 
+import contextlib
 import json
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -22,11 +22,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 import distributed
 import eval as evaluation
 from analysis import group_diversity, mixture_closeness
+from checkpoint import newest_intact, write_manifest
 from config import RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
@@ -37,6 +39,7 @@ from data import (
     pad_id_of,
     tokenize_problems,
 )
+from guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
@@ -104,6 +107,8 @@ class Groups:
     groups_kept: int  # groups with a learning signal among all draws (what --refill counts)
     rollout_s: float
     score_s: float
+    reward_errors: int = 0  # checks that failed (a --reward function raised, died or returned no number)
+    reward_timeouts: int = 0  # checks that ran past --reward-timeout-s
 
 
 # ----------------------------------------------------------------------------- the step loop
@@ -118,21 +123,27 @@ def run(cfg: Config) -> dict:
     except ValueError as error:
         raise RunError(str(error)) from None
     try:
-        summary = run_steps(cfg, world)
+        with exclusive(Path(cfg.out_dir), "train.py") if world.is_main else contextlib.nullcontext():
+            summary = run_steps(cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return summary
+    except Refused as error:  # another run holds --out-dir, or the OS refused a write
+        raise RunError(str(error)) from None
+    except OSError as error:  # a write elsewhere in --out-dir (config.json, summary.json, ...)
+        if error.errno not in REFUSED_WRITES:
+            raise
+        raise RunError(f"cannot write {error.filename or cfg.out_dir}: {reason(error, Path(cfg.out_dir))}") from None
     finally:
         distributed.close_world(world)
 
 
 def run_steps(cfg: Config, world: distributed.World) -> dict:
     """`run` in an initialised world: setup, resume or a fresh start, the step loop, the summary."""
-    out_dir = claim_out_dir(cfg) if world.is_main else Path(cfg.out_dir)
-    distributed.barrier(world)  # the others wait while rank 0 checks --out-dir
+    out_dir, resume_from = claim_out_dir(cfg) if world.is_main else (Path(cfg.out_dir), None)
+    resume_from = distributed.broadcast_object(resume_from, world)  # rank 0's choice, after it has checked
     say(world, f"out dir: {out_dir}" + (f" ({world.size} processes)" if world.distributed else ""))
     r = setup(cfg, world, out_dir)
-    resuming = distributed.broadcast_object(cfg.resume and bool(checkpoint_dirs(out_dir)), world)  # rank 0's
-    start_step = restore_checkpoint(r) if resuming else start_fresh(r)
+    start_step = restore_checkpoint(r, resume_from) if resume_from else start_fresh(r)
     max_steps = cfg.max_steps or -(-len(r.problems) // cfg.prompts_per_step)
     metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
     if r.held_out and start_step == 0:
@@ -144,8 +155,8 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
         say(world, "validation before RL: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
 
-    failures_in_a_row, step = 0, start_step
-    with StopOnInterrupt() as interrupt:
+    failures_in_a_row, scoreless_in_a_row, step = 0, 0, start_step
+    with StopOnSignals() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
                          file=sys.stderr, disable=None if world.is_main else True):
             step_start = time.perf_counter()
@@ -171,12 +182,14 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
             if world.is_main:
                 log_step(r, metrics_path, metrics, groups)
             failures_in_a_row = failures_in_a_row + 1 if skipped and not result else 0
+            scoreless_in_a_row = check_scored(r, groups, step + 1, scoreless_in_a_row)
             if failures_in_a_row >= 3:
                 raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
                                "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
-            if distributed.max_across({"stop": float(interrupt.requested)}, world)["stop"]:  # all ranks agree
+            stop = distributed.max_across({"signal": float(interrupt.signal_number)}, world)["signal"]
+            if stop:  # every rank stops after the same step, whichever got the signal
                 save_checkpoint(r, step + 1)
-                raise KeyboardInterrupt(step + 1)
+                raise KeyboardInterrupt(step + 1, int(stop))
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < max_steps:
                 save_checkpoint(r, step + 1)
     if max_steps > start_step:
@@ -191,6 +204,7 @@ def collect_groups(r: Run, step: int) -> Groups:
     Under torchrun the calls are dealt to the ranks and every rank ends with the whole step."""
     cfg = r.cfg
     rows, texts, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], 0, 0.0, 0.0
+    failed_before = {"errors": r.pool.errors, "timeouts": r.pool.timeouts}
     while True:
         batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
         r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
@@ -213,8 +227,20 @@ def collect_groups(r: Run, step: int) -> Groups:
         kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
         index = [int(g) * cfg.group_size + j for g in kept for j in range(cfg.group_size)]
         trained, trained_rewards = rollout.select(index), rewards[index]
+    failed = distributed.sum_across({k: getattr(r.pool, k) - v for k, v in failed_before.items()}, r.world)
     return Groups(rows, texts, rollout, scores, rewards, trained, trained_rewards, len(rollouts), groups_kept,
-                  rollout_s, score_s)
+                  rollout_s, score_s, int(failed["errors"]), int(failed["timeouts"]))
+
+
+def check_scored(r: Run, groups: Groups, step: int, scoreless_in_a_row: int) -> int:
+    """Counts the steps in a row where no answer could be scored and stops the run at --reward-fail-steps of
+    them: a reward that always fails would otherwise train on zeros and end as if all were well."""
+    scoreless = groups.reward_errors + groups.reward_timeouts >= len(groups.rows)
+    scoreless_in_a_row = scoreless_in_a_row + 1 if scoreless else 0
+    if r.cfg.reward_fail_steps and scoreless_in_a_row >= r.cfg.reward_fail_steps:
+        raise RunError(f"no answer could be scored in {scoreless_in_a_row} steps in a row (last: step {step}); "
+                       f"last error: {r.pool.last_error}; fix it (or raise --reward-timeout-s)")
+    return scoreless_in_a_row
 
 
 def streamed_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
@@ -283,6 +309,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "mix_distance": 0.0 if closeness is None else closeness[0],
         "logp_gap_mean": result.get("logp_gap_mean", 0.0), "logp_gap_max": result.get("logp_gap_max", 0.0),
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
+        "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
         # How different a group's responses are (README, "Is it better?"): answers compared by our checker,
         # or as strings when the reward is math-verify's or the user's.
         **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size,
@@ -313,13 +340,20 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
 def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
     """Appends the step to metrics.jsonl, prints its line, reports skipped mini-batches at once, and every
     --log-completions-every steps prints two completions and appends them to completions.jsonl."""
-    with metrics_path.open("a") as f:
-        f.write(json.dumps(metrics) + "\n")
+    try:
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+    except OSError as error:
+        raise Refused(f"cannot write {metrics_path}: {reason(error, metrics_path)}") from None
     r.tracker.log(metrics, metrics["step"])
     tqdm.write(format_line(metrics), file=sys.stdout)
     if metrics["skipped_minibatches"]:
         tqdm.write(f"warning: step {metrics['step']}: {metrics['skipped_minibatches']} mini-batch(es) skipped: "
                    f"non-finite loss or gradient (loss {metrics.get('loss', float('nan'))})", file=sys.stderr)
+    if metrics["reward_errors"] or metrics["reward_timeouts"]:
+        tqdm.write(f"warning: step {metrics['step']}: {metrics['reward_errors']} reward error(s), "
+                   f"{metrics['reward_timeouts']} timeout(s) of {len(groups.rows)} answers, scored 0 "
+                   f"(last: {r.pool.last_error})", file=sys.stderr)
     every = r.cfg.log_completions_every
     if not every or metrics["step"] % every:
         return
@@ -509,10 +543,11 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool, *, dev
     return {"warm_start_steps": steps, "warm_start_dev_accuracy": dev_accuracy}
 
 
-def claim_out_dir(cfg: Config) -> Path:
-    """--out-dir, checked before any work and before anything is written: not a file; not holding another
-    run's checkpoints unless --resume (continue it) or --overwrite (start over there); and a --resume whose
-    settings differ from the checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
+def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
+    """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
+    holding another run's checkpoints unless --resume (continue it) or --overwrite (start over there); a
+    --resume continues from the newest intact checkpoint (newer damaged ones are set aside), and one whose
+    settings differ from that checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
     refused unless --allow-config-change."""
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -521,17 +556,36 @@ def claim_out_dir(cfg: Config) -> Path:
     if checkpoints and not cfg.resume and not cfg.overwrite:
         raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
                        "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
-    if checkpoints and cfg.resume:
-        saved = Config.load_json(checkpoints[-1] / "config.json.run")
-        changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
-                   for name, value in asdict(saved).items()
-                   if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
-        if changed and not cfg.allow_config_change:
-            raise RunError(f"--resume: settings differ from those of {checkpoints[-1]} ({', '.join(changed)}); resume "
-                           "with the same settings, or pass --allow-config-change to continue with the new ones")
-        if changed:
-            print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
-    return out_dir
+    if not checkpoints or not cfg.resume:
+        return out_dir, None
+    latest = intact_checkpoint(out_dir, checkpoints)
+    try:
+        saved = Config.load_json(latest / "config.json.run")
+    except (ValueError, OSError) as error:
+        raise RunError(f"--resume: {error}") from None
+    changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
+               for name, value in asdict(saved).items()
+               if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
+    if changed and not cfg.allow_config_change:
+        raise RunError(f"--resume: settings differ from those of {latest} ({', '.join(changed)}); resume "
+                       "with the same settings, or pass --allow-config-change to continue with the new ones")
+    if changed:
+        print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
+    return out_dir, latest
+
+
+def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
+    """The newest checkpoint whose files are those written (checkpoint.py); each newer damaged one is named
+    with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
+    found, skipped = newest_intact(checkpoints)
+    if found is None:
+        raise RunError(f"--resume: no intact checkpoint in {out_dir / 'checkpoints'} ({'; '.join(skipped)}); "
+                       "start over with --overwrite instead of --resume, or pass another --out-dir")
+    for directory, why in zip(reversed(checkpoints), skipped):
+        aside = directory.with_name(f"damaged-{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        directory.rename(aside)
+        print(f"--resume: skipped {why} (kept as {aside.name}); continuing from {found.name}", file=sys.stderr)
+    return found
 
 
 def load_policy(cfg: Config, device: torch.device, *, seed: int):
@@ -596,6 +650,10 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg, device, seed=cfg.seed)
+    try:
+        cfg.check_vocabulary(policy.cfg.vocab_size, cfg.model)
+    except ValueError as error:
+        raise RunError(str(error)) from None
     policy.gradient_checkpointing = cfg.grad_checkpointing
     if cfg.freeze_embeddings:
         policy.embed_tokens.weight.requires_grad_(False)
@@ -622,7 +680,8 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     try:
-        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed)
+        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                          timeout_s=cfg.reward_timeout_s)
         # Only rank 0 reports; Tracker checks the optional packages first.
         tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))
     except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward
@@ -718,24 +777,32 @@ def save_checkpoint(r: Run, step: int) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
     else:
         tmp = None
-    save_weights(r, tmp)
-    optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
+    try:
+        save_weights(r, tmp)
+        optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
+        if r.world.is_main:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
+                        "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
+                       tmp / "trainer_state.pt")
+            r.cfg.save_json(tmp / "config.json.run")
+            write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
+            os.replace(tmp, root / f"step-{step}")
+    except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)  # the earlier checkpoints stay as they were
+        target = r.out_dir / "checkpoints" / f"step-{step}"
+        raise Refused(f"cannot write checkpoint {target}: {reason(error, target.parent)}; the earlier "
+                      "checkpoints are intact") from None
     if r.world.is_main:
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
-                   tmp / "trainer_state.pt")
-        r.cfg.save_json(tmp / "config.json.run")
-        os.replace(tmp, root / f"step-{step}")
         for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
             shutil.rmtree(old)
     distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
 
 
-def restore_checkpoint(r: Run) -> int:
-    """Continues from the latest complete checkpoint: weights (by parameter name), optimizer, data cursor,
-    RNG states and neighbor table (claim_out_dir has checked its settings). Returns the step reached."""
-    latest = checkpoint_dirs(r.out_dir)[-1]
+def restore_checkpoint(r: Run, latest: Path) -> int:
+    """Continues from the checkpoint `latest` (claim_out_dir has checked that it is intact and its settings):
+    weights (by parameter name), optimizer, data cursor, RNG states and neighbor table. Returns its step."""
     state = torch.load(latest / "trainer_state.pt", map_location=r.device, weights_only=False)
     main = r.world.is_main  # rank 0 reads the weights and AdamW state; the others get their shards from it
     weights = load_model(str(latest), dtype=torch.float32, device="cpu").state_dict() if main else None
@@ -758,30 +825,23 @@ def restore_checkpoint(r: Run) -> int:
 
 
 def trim_metrics(path: Path, start_step: int) -> Path:
-    """metrics.jsonl up to start_step (the steps after a checkpoint run again); empty for a new run."""
-    kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
-            if start_step and json.loads(line)["step"] <= start_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    """metrics.jsonl up to start_step, each step once (the steps after a checkpoint run again); a line that is
+    not a record (the torn last line a full disk leaves) is dropped with a note. Empty for a new run."""
+    kept, torn = {}, 0
+    for line in path.read_text().splitlines() if path.exists() and start_step else []:
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            torn += 1
+            continue
+        if step <= start_step:
+            kept.setdefault(step, line)
+    if torn:
+        print(f"--resume: dropped {torn} unreadable line(s) of {path} (a write cut short)", file=sys.stderr)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(line + "\n" for _, line in sorted(kept.items())))
+    os.replace(partial, path)  # the kept steps survive a failure while rewriting
     return path
-
-
-class StopOnInterrupt:
-    """The first Ctrl-C asks the loop to stop after the current step (which is then checkpointed); a
-    second one interrupts at once."""
-
-    def __enter__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGINT, self._request)
-        return self
-
-    def _request(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, self._previous)  # a second Ctrl-C is a plain KeyboardInterrupt
-        print("\ninterrupt: stopping after this step and writing a checkpoint (Ctrl-C again to stop now)",
-              file=sys.stderr)
-
-    def __exit__(self, *exc_info):
-        signal.signal(signal.SIGINT, self._previous)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -791,19 +851,18 @@ def main(argv=None) -> dict:
     cfg = parse_config(argv, description="N-GRPO training.\n\n" + __doc__.split("\n\n")[1])
     try:
         return run(cfg)
-    except KeyboardInterrupt as interrupt:
-        args = " ".join(argv if argv is not None else sys.argv[1:])
-        launcher = "python" if int(os.environ.get("WORLD_SIZE", "1")) == 1 else \
-            f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', os.environ['WORLD_SIZE'])}"
-        resume = f"{launcher} train.py {args}{'' if '--resume' in args else ' --resume'}"
-        if interrupt.args:
+    except KeyboardInterrupt as interrupt:  # (step, signal) when the loop stopped after a checkpoint
+        resume = resume_command(list(argv if argv is not None else sys.argv[1:]))
+        if os.environ.get("RANK", "0") != "0":
+            pass  # rank 0 says it once
+        elif interrupt.args:
             print(f"interrupted: checkpoint of step {interrupt.args[0]} written; continue with: {resume}",
                   file=sys.stderr)
         else:
             latest = checkpoint_dirs(Path(cfg.out_dir))
             print("interrupted" + (f"; the latest checkpoint is {latest[-1]}; continue with: {resume}" if latest
                                    else " before the first checkpoint; nothing to resume"), file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else 2)) from None  # 130, 143
 
 
 if __name__ == "__main__":

@@ -59,13 +59,14 @@ def test_flags_override_the_preset():
 
 @pytest.mark.parametrize("argv, message", [
     (["--explore", "bogus"], "invalid choice"),
-    (["--mix-rate", "1.5"], "mix_rate must be in"),
-    (["--prompts-per-step", "10", "--mini-batch-prompts", "4"], "must divide prompts_per_step"),
+    (["--mix-rate", "1.5"], "--mix-rate 1.5: must be in [0, 1]"),
+    (["--prompts-per-step", "10", "--mini-batch-prompts", "4"],
+     "--mini-batch-prompts 4: must divide --prompts-per-step (10)"),
     (["--lr", "abc"], "invalid float value"),
     (["--preset", "tiny", "--config", "x.json"], "give one of them"),
-    (["--old-logp", "rollout", "--top-p", "0.9"], "old_logp=rollout needs top_p=1"),
-    (["--explore", "soft", "--mix-entropy-threshold", "4"], "mix_entropy_threshold replaces the mixing coin"),
-    (["--explore", "none", "--mix-feed", "replay-only"], "mix_feed replay-only needs"),
+    (["--old-logp", "rollout", "--top-p", "0.9"], "--old-logp rollout: rollout needs --top-p 1"),
+    (["--explore", "soft", "--mix-entropy-threshold", "4"], "--mix-entropy-threshold 4: replaces the mixing coin"),
+    (["--explore", "none", "--mix-feed", "replay-only"], "--mix-feed replay-only: replay-only needs"),
     (["--mix-feed", "fed"], "invalid choice"),
 ])
 def test_bad_flags_exit_with_one_message(capsys, argv, message):

@@ -151,7 +151,7 @@ def test_negative_grpo_preset_is_the_papers_recipe_on_top_of_n_grpo_mixing():
 
 
 def test_refill_without_a_filter_is_refused():
-    with pytest.raises(ValueError, match="refill needs --filter-groups"):
+    with pytest.raises(ValueError, match="--refill: needs --filter-groups"):
         Config(refill=True)
 
 

@@ -395,9 +395,9 @@ def test_cosine_schedule_against_hand_values():
 
 
 def test_bad_schedule_settings_are_one_message():
-    with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine"):
+    with pytest.raises(ValueError, match="--lr-schedule linear: must be one of constant, cosine"):
         Config(lr_schedule="linear")
-    with pytest.raises(ValueError, match="min_lr_ratio in"):
+    with pytest.raises(ValueError, match=r"--min-lr-ratio 1.5: must be in \[0, 1\]"):
         Config(min_lr_ratio=1.5)
 
 

@@ -96,9 +96,9 @@ def test_warm_start_stops_after_two_dev_checks_in_a_row_reach_the_target(monkeyp
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(sft_target_accuracy=1.5), "sft_target_accuracy must be in"),
-    (dict(sft_eval_every=0), "sft_eval_every must be at least 1"),
-    (dict(sft_dev_problems=0), "sft_dev_problems and sft_eval_every must be at least 1"),
+    (dict(sft_target_accuracy=1.5), "--sft-target-accuracy 1.5: must be in"),
+    (dict(sft_eval_every=0), "--sft-eval-every 0: must be at least 1"),
+    (dict(sft_dev_problems=0), "--sft-dev-problems 0: must be at least 1"),
 ])
 def test_bad_warm_start_settings_are_one_message(overrides, message):
     with pytest.raises(ValueError, match=message):

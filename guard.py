@@ -1,0 +1,108 @@
+"""What stands between a run and the world around it: one run per out-dir (a lock the OS releases when the
+process dies, however it dies), a stop on Ctrl-C or SIGTERM after the current step, a resume command that
+works when pasted, and the OS's refusals told in one line (docs/reliability.md).
+
+    with exclusive(out_dir, "train.py"):            # a second run on out_dir stops at once, naming this pid
+        with StopOnSignals() as stop:
+            ... if stop.requested: checkpoint and leave
+"""
+
+import contextlib
+import errno
+import fcntl
+import os
+import shlex
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+# What the OS answers when it will not store a file: full disk or quota, read-only, permissions, I/O.
+REFUSED_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
+class Refused(Exception):
+    """The OS, or another run, said no: the message names the path and why."""
+
+
+@contextlib.contextmanager
+def exclusive(out_dir: Path, program: str):
+    """Holds an exclusive flock on OUT/.lock (which records this pid) while the block runs, creating OUT if
+    needed. flock belongs to the open file: the OS drops it when the process ends, kill -9 included, so a
+    lock is never stale; the file stays and is reused (an out-dir this call created and nothing else wrote to
+    is removed again)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise Refused(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
+    created = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise Refused(f"cannot write --out-dir {out_dir}: {reason(error, out_dir)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown pid"
+        os.close(fd)
+        raise Refused(f"--out-dir {out_dir} is in use by another run ({holder}); wait for it to end, stop it, or "
+                      "pass another --out-dir") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{program}, pid {os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # a run that stopped before writing anything leaves no out-dir
+            if created and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]:
+                (out_dir / LOCK_FILE).unlink()
+                out_dir.rmdir()
+        os.close(fd)  # releases the lock
+
+
+def reason(error: BaseException, path: Path) -> str:
+    """The OS's reason for a failed write, in its words. torch.save reports a full disk only as a failed
+    zip write (RuntimeError), so a failure on a filesystem with (almost) no free space left is called so."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(existing).free < 1 << 20:
+            return f"No space left on device ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+
+
+class StopOnSignals:
+    """The first Ctrl-C or SIGTERM (what SLURM and Kubernetes send before they kill a job) asks the loop to
+    stop after the current step, which is then checkpointed; a second one stops at once (SIGTERM: the
+    default, an immediate exit). `signal_number` says which came first."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.requested, self.signal_number = False, 0
+        self._previous = {number: signal.signal(number, self._request) for number in self.SIGNALS}
+        return self
+
+    def _request(self, signum, frame):
+        self.requested, self.signal_number = True, self.signal_number or signum
+        for number, previous in self._previous.items():  # the next one is a plain KeyboardInterrupt / SIGTERM
+            signal.signal(number, previous)
+        name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\n{name}: stopping after this step and writing a checkpoint (a second Ctrl-C or SIGTERM stops "
+              "at once)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc_info):
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+
+
+def resume_command(argv: list[str], script: str = "train.py") -> str:
+    """The command that continues this run, shell-quoted so that it works when pasted (an empty
+    --instruction '', a path with spaces); under torchrun, with its launcher."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = ["python"] if world_size == 1 else \
+        ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', world_size)}"]
+    return shlex.join([*launcher, script, *argv, *([] if "--resume" in argv else ["--resume"])])
