@@ -122,6 +122,10 @@ class Config:
     mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)")
     micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does not "
                                    "change the gradient)")
+    micro_batch_tokens: int = option(0, "> 0: form micro-batches by this token budget instead of "
+                                     "--micro-batch-size: rows sorted by length, grouped so that rows x padded "
+                                     "length (prompt + response) <= N; same gradient, less padding "
+                                     "(docs/micro-batches.md). 0 = fixed rows")
 
     # --- the GRPO family (README "The GRPO family"): NGRPO's calibrated advantages, DAPO's sampling and shaping
     adv_estimator: str = option("grpo", "grpo = group-normalised rewards; negative = NGRPO (Nan et al. 2025): each "
@@ -225,6 +229,7 @@ class Config:
             (self.loss_agg_rows >= 1, "loss_agg_rows must be at least 1"),
             (self.micro_batch_size >= 1 and self.logprob_chunk_tokens >= 1, "micro_batch_size and "
              "logprob_chunk_tokens must be at least 1"),
+            (self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0 (0 = --micro-batch-size rows)"),
             (self.rollout_batch_size >= 0, "rollout_batch_size must be >= 0 (0 = all rows at once)"),
             (self.sft_steps >= 0 and self.sft_batch_size >= 1 and self.sft_lr > 0, "sft_steps must be >= 0, "
              "sft_batch_size >= 1 and sft_lr > 0"),

@@ -4,9 +4,10 @@ import doctest
 
 import pytest
 
+import batching
 import ngrpo
 
-MODULES = [ngrpo]
+MODULES = [ngrpo, batching]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
