@@ -32,17 +32,37 @@ def replay_tokens(rollout) -> list[int]:
 
 def budget_batches(rows: list[int], tokens: list[int], budget: int) -> list[list[int]]:
     """`rows` sorted longest first (ties: lower index first) and cut into runs whose count x longest row's
-    tokens stays within `budget`; a row longer than the budget alone is a micro-batch of its own.
+    tokens stays within `budget` (a row longer than the budget is a run of its own): as few runs as
+    possible, and of those cuts the one with the fewest padded positions (sum of count x longest).
 
+    Filling each run greedily gives the fewest runs, but may put a row of 300 tokens with rows of 30; a
+    dynamic program over the cut points then finds, for that number of runs, the cut that pads least.
     >>> budget_batches([0, 1, 2, 3, 4], [5, 20, 6, 18, 2], 40)    # 20 + 18 (2 x 20); 6, 5, 2 (3 x 6)
-    [[1, 3], [2, 0, 4]]"""
-    batches: list[list[int]] = []
-    for row in sorted(rows, key=lambda r: (-tokens[r], r)):
-        if batches and (len(batches[-1]) + 1) * tokens[batches[-1][0]] <= budget:
-            batches[-1].append(row)
-        else:
-            batches.append([row])
-    return batches
+    [[1, 3], [2, 0, 4]]
+    >>> budget_batches(list(range(6)), [10, 6, 6, 6, 1, 1], 40)    # greedy: 4 x 10 + 2 x 1 = 42 positions
+    [[0], [1, 2, 3, 4, 5]]"""
+    order = sorted(rows, key=lambda r: (-tokens[r], r))
+    s = [tokens[r] for r in order]
+    fits = lambda i, j: j - i == 1 or (j - i) * s[i] <= budget  # run order[i:j]
+    runs, start = 0, 0
+    while start < len(s):  # greedy: the fewest runs
+        end = start + 1
+        while end < len(s) and fits(start, end + 1):
+            end += 1
+        runs, start = runs + 1, end
+    # least[j]: (padded positions, cut) of order[:j] in the runs so far; one more run per pass.
+    least = {0: (0, [])}
+    for _ in range(runs):
+        longer = {}
+        for j in range(1, len(s) + 1):
+            for i in range(j - 1, -1, -1):
+                if not fits(i, j):
+                    break  # fits only gets harder as the run grows to the left
+                if i in least and (j not in longer or least[i][0] + (j - i) * s[i] < longer[j][0]):
+                    longer[j] = (least[i][0] + (j - i) * s[i], least[i][1] + [j])
+        least = longer
+    cuts = [0] + least[len(s)][1]
+    return [order[i:j] for i, j in zip(cuts, cuts[1:])]
 
 
 def balanced_shares(tokens: list[int], size: int) -> list[list[int]]:

@@ -117,19 +117,31 @@ def test_update_with_a_token_budget_gives_the_same_weights_and_metrics(tiny):
         assert float((weights[1][name] - weight).detach().abs().max()) < 1e-5, name
 
 
+def fewest_runs_then_least_padding(tokens: list[int], budget: int) -> tuple[int, int]:
+    """Brute force over every cut of the rows sorted longest first into consecutive runs within the budget:
+    the fewest runs, and the least padded positions (sum of count x longest) among those."""
+    s = sorted(tokens, reverse=True)
+    best = None
+    for mask in range(2 ** (len(s) - 1)):
+        cuts = [0] + [i + 1 for i in range(len(s) - 1) if mask >> i & 1] + [len(s)]
+        runs = list(zip(cuts, cuts[1:]))
+        if all(j - i == 1 or (j - i) * s[i] <= budget for i, j in runs):
+            score = (len(runs), sum((j - i) * s[i] for i, j in runs))
+            best = score if best is None else min(best, score)
+    return best
+
+
 @pytest.mark.parametrize("seed", range(20))
-def test_micro_batches_cover_every_row_once_within_the_budget(seed):
+def test_budget_batches_cover_every_row_once_in_fewest_runs_with_least_padding(seed):
     rng = random.Random(seed)
-    tokens = [rng.randint(1, 100) for _ in range(rng.randint(1, 40))]
+    tokens = [rng.randint(1, 100) for _ in range(rng.randint(1, 11))]
     budget = rng.randint(1, 400)
     batches = budget_batches(list(range(len(tokens))), tokens, budget)
     assert sorted(row for batch in batches for row in batch) == list(range(len(tokens)))
     for batch in batches:
-        padded = len(batch) * max(tokens[row] for row in batch)
-        assert padded <= budget or len(batch) == 1, (batch, budget)
-    # Greedy over rows sorted longest first: a batch is full, i.e. the next batch's first row did not fit.
-    for batch, following in zip(batches, batches[1:]):
-        assert (len(batch) + 1) * tokens[batch[0]] > budget
+        assert len(batch) * max(tokens[row] for row in batch) <= budget or len(batch) == 1, (batch, budget)
+    padded = sum(len(batch) * max(tokens[row] for row in batch) for batch in batches)
+    assert (len(batches), padded) == fewest_runs_then_least_padding(tokens, budget)
 
 
 class Rows:
