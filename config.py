@@ -131,6 +131,10 @@ class Config:
     mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)")
     micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does not "
                                    "change the gradient)")
+    micro_batch_tokens: int = option(0, "> 0: form micro-batches by this token budget instead of "
+                                     "--micro-batch-size: rows sorted by length, grouped so that rows x padded "
+                                     "length (prompt + response) <= N; same gradient, less padding "
+                                     "(docs/micro-batches.md). 0 = fixed rows")
 
     # --- the GRPO family (README "The GRPO family"): NGRPO's calibrated advantages, DAPO's sampling and shaping
     adv_estimator: str = option("grpo", "grpo = group-normalised rewards; negative = NGRPO (Nan et al. 2025): each "
@@ -310,6 +314,7 @@ RANGES = {
     "clip_high": _AT_LEAST_0, "dual_clip": (lambda v: v == 0 or v > 1, "must be 0 (off) or > 1"),
     "kl_coef": (lambda v: v >= 0, "must be >= 0 (0 = no reference model)"), "loss_agg_rows": _AT_LEAST_1,
     "ppo_epochs": _AT_LEAST_1, "mini_batch_prompts": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
+    "micro_batch_tokens": (lambda v: v >= 0, "must be >= 0 (0 = --micro-batch-size rows)"),
     "virtual_max_count": _AT_LEAST_1, "max_refill_draws": _AT_LEAST_0, "overlong_buffer": _AT_LEAST_0,
     "overlong_penalty_factor": _AT_LEAST_0, "lr": _POSITIVE, "warmup_steps": _AT_LEAST_0,
     "min_lr_ratio": _FRACTION, "weight_decay": _AT_LEAST_0,

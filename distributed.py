@@ -307,6 +307,19 @@ def gather_dealt(local_results: list, num_items: int, world: World) -> list:
     return [parts[i % world.size][i // world.size] for i in range(num_items)]
 
 
+def gather_indexed(local_results: list[tuple[int, object]], num_items: int, world: World) -> list:
+    """Results of items 0..num_items-1 given as (item, result) pairs, each item by exactly one rank, on every
+    rank in item order: what `gather_dealt` does for any assignment of items to ranks."""
+    parts = [list(local_results)]
+    if world.distributed:
+        parts = [None] * world.size
+        dist.all_gather_object(parts, list(local_results))
+    ordered = [None] * num_items
+    for item, result in (pair for part in parts for pair in part):
+        ordered[item] = result
+    return ordered
+
+
 def broadcast_object(obj, world: World):
     """Rank 0's `obj` on every rank (the value other ranks pass is ignored): e.g. the neighbor table, built
     once on rank 0 (which also owns its on-disk cache) and shared."""

@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 import distributed
+from batching import micro_batches, narrowed
 from distributed import World
 from draws import normal_from_keys
 
@@ -301,10 +302,21 @@ class Episodes:
     def __len__(self) -> int:
         return len(self.rollout.prompts)
 
-    def rows(self, index: slice) -> "Episodes":
+    def rows(self, index: slice | list[int]) -> "Episodes":
         pick = lambda x: None if x is None else x[index]
         return Episodes(self.rollout.select(index), self.advantages[index], pick(self.old_logp),
                         pick(self.ref_logp), pick(self.in_loss))
+
+    def micro_batch(self, index: list[int], cfg) -> "Episodes":
+        """The rows `index`; under a token budget also cut to their longest response, so that the log-probs
+        of a micro-batch of short rows are not computed over the mini-batch's longest."""
+        micro = self.rows(index)
+        if cfg.micro_batch_tokens <= 0:
+            return micro
+        width = int(micro.rollout.lengths.max())
+        cut = lambda x: None if x is None else x[:, :width]
+        return Episodes(narrowed(micro.rollout, width), micro.advantages, cut(micro.old_logp),
+                        cut(micro.ref_logp), micro.in_loss)
 
     def loss_mask(self) -> torch.Tensor:
         """[N, T] bool: the response tokens that count in the loss."""
@@ -325,16 +337,21 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor:
-    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch. Under torchrun each
-    rank replays its `deal` share of the rows and every rank gets all of them back, in row order."""
-    num_rows, rows = len(rollout.prompts), []
+    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch (batching.py: rows
+    or a token budget). Under torchrun each rank replays its share of the rows and every rank gets all of
+    them back, in row order. Positions past a row's response hold values the response mask ignores."""
+    num_rows, width, rows = len(rollout.prompts), rollout.response_ids.shape[1], []
     # A bar only on a terminal (of rank 0), and only when replay takes more than 2 s.
-    bar = tqdm(distributed.dealt_batches(num_rows, cfg.micro_batch_size, world), desc="replay", leave=False,
-               delay=2, file=sys.stderr, disable=None if world.is_main else True)
+    bar = tqdm(micro_batches(rollout, cfg, world), desc="replay", leave=False, delay=2, file=sys.stderr,
+               disable=None if world.is_main else True)
     for index, real in bar:
-        logp = replay(model, rollout.select(index), cfg)[0].float()  # [b, T]
-        rows += list(logp.cpu() if world.distributed else logp) if real else []  # a stand-in's are dropped
-    return torch.stack(distributed.gather_dealt(rows, num_rows, world)).to(distributed.device_of(model))
+        micro = rollout.select(index)
+        if cfg.micro_batch_tokens > 0:  # log-probs up to this micro-batch's longest response only
+            micro = narrowed(micro, int(micro.lengths.max()))
+        logp = replay(model, micro, cfg)[0].float()  # [b, T or less]
+        logp = F.pad(logp, (0, width - logp.shape[1]))  # [b, T]
+        rows += list(zip(index, logp.cpu() if world.distributed else logp)) if real else []  # stand-ins dropped
+    return torch.stack(distributed.gather_indexed(rows, num_rows, world)).to(distributed.device_of(model))
 
 
 def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *,
@@ -362,9 +379,9 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     cfg.loss_agg says), cfg.micro_batch_size rows per forward / backward. Every micro-batch divides by the
     whole mini-batch's loss_normalizer, so the gradient does not depend on the split. Returns the metrics,
     or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
-    accumulated).
+    accumulated). cfg.micro_batch_tokens > 0: micro-batches under that token budget instead (batching.py).
 
-    Under torchrun each rank takes its `deal` share of the rows (in the same number of calls on every rank)
+    Under torchrun each rank takes its share of the rows (in the same number of calls on every rank)
     and divides by the whole mini-batch's count, so FSDP's reduced gradient is the one-process gradient;
     the metrics are reduced over the ranks. A non-finite loss on any rank makes every rank report it; the
     backward still runs everywhere (FSDP's collectives must match) and the step is skipped."""
@@ -377,8 +394,8 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     device = distributed.device_of(model)
     totals: dict[str, float] = {}
     entropy_sum, finite, gap_sum, gap_max = 0.0, True, 0.0, 0.0
-    for index, real in distributed.dealt_batches(len(episodes), cfg.micro_batch_size, world):
-        micro = episodes.rows(index)
+    for index, real in micro_batches(episodes.rollout, cfg, world):
+        micro = episodes.micro_batch(index, cfg)
         logp, entropy = replay(model, micro.rollout, cfg)
         mask = micro.loss_mask().to(device) & real  # a stand-in counts for nothing
         if micro.old_logp is None:  # on-policy: the sampled weights are these, so ratio = 1 with its gradient

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import BENCH, SHAPES, emit, note, rss_mb, shape_config, transformers_twin
+from benchmarks.train_long_tail import add_arguments as add_long_tail_arguments
+from benchmarks.train_long_tail import bench_train_long_tail
 
 TRAIN_DEFAULTS = {"cpu": dict(shape="tiny", batch=8, seq_len=512, repeats=10),
                   "cuda": dict(shape="1.5b", batch=1, seq_len=8192, repeats=5)}
@@ -103,6 +105,9 @@ def bench_train(args: argparse.Namespace) -> None:
 
     import torch
 
+    if args.long_tail:
+        bench_train_long_tail(args)
+        return
     device = torch.device(args.device)
     for key, value in TRAIN_DEFAULTS[device.type].items():
         if getattr(args, key) is None:
@@ -180,4 +185,5 @@ def add_parser(subparsers) -> None:
                        "(default: 10 on cpu, 5 on cuda)")
     train.add_argument("--memory-of", choices=["ours", "transformers"], default=None,
                        help="internal: measure one implementation's memory in this fresh process (see bench_train)")
+    add_long_tail_arguments(train)
     train.set_defaults(run=bench_train)

@@ -324,6 +324,7 @@ from config import preset
 from reward import RewardPool
 RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
 out, explore, steps, resume = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "resume"
+overrides = json.loads(sys.argv[6])
 collect = train.collect_groups
 def recorded(r, step):
     groups = collect(r, step)
@@ -334,19 +335,20 @@ def recorded(r, step):
 train.collect_groups = recorded
 train.run(replace(preset("tiny"), out_dir=out, explore=explore, max_steps=steps, resume=resume, save_every=2,
                   prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=3, max_new_tokens=12,
-                  rollout_batch_size=12, kl_coef=0.05, mix_rate=0.3))
+                  rollout_batch_size=12, kl_coef=0.05, mix_rate=0.3, **overrides))
 """
 TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
 
 
-def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False):
-    """train.py's run under `torchrun --nproc-per-node processes`; returns the finished process."""
+def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False, **overrides):
+    """train.py's run under `torchrun --nproc-per-node processes` (Config fields `overrides` changed);
+    returns the finished process."""
     script = out.parent / f"{out.name}-train.py"
     script.write_text(TRAIN)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     done = subprocess.run([*launch, str(script), str(ROOT), str(out), explore, str(steps),
-                           "resume" if resume else "fresh"], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
+                           "resume" if resume else "fresh", json.dumps(overrides)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -385,6 +387,14 @@ def test_two_processes_train_like_one_with_neighbor_mixing(neighbor_runs):
     one = outputs(neighbor_runs / "one", 2)
     assert sum(m["mix_rate"] for m in one["metrics"]) > 0 and one["metrics"][-1]["grad_norm"] > 0
     assert_same_run(outputs(neighbor_runs / "two", 2), one, steps=2)
+
+
+def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(neighbor_runs, tmp_path):
+    """--micro-batch-tokens under torchrun (rows dealt by balanced tokens, stand-ins padding the calls, the
+    old-policy and reference replays gathered by row): the metrics and weights of one process with fixed
+    3-row micro-batches (prompts ~160 tokens: the budget takes 3 rows of similar length at a time)."""
+    train_run(tmp_path / "two", 2, "neighbor", 2, micro_batch_tokens=500)
+    assert_same_run(outputs(tmp_path / "two", 2), outputs(neighbor_runs / "one", 2), steps=2)
 
 
 def test_two_processes_train_like_one_without_exploration(tmp_path):

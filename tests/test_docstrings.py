@@ -4,10 +4,11 @@ import doctest
 
 import pytest
 
+import batching
 import estimators
 import ngrpo
 
-MODULES = [ngrpo, estimators]
+MODULES = [ngrpo, batching, estimators]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
