@@ -174,5 +174,5 @@ def test_balanced_shares_by_hand():
 
 
 def test_a_negative_budget_is_one_message():
-    with pytest.raises(ValueError, match="micro_batch_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="--micro-batch-tokens -1: must be >= 0"):
         Config(micro_batch_tokens=-1)
