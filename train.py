@@ -38,7 +38,7 @@ from data import (
     pad_id_of,
     tokenize_problems,
 )
-from model import TINY_CONFIG, load_model, random_model, resolve_device, save_model
+from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device, save_model
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
 from reward import RewardPool, extract_answer
@@ -575,8 +575,8 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
     """Refuses, before anything is loaded, a run whose memory plan (plan.py: what `--plan` prints) does not fit
     the device: each GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read
     is left to load_policy, which says why."""
-    try:
-        mc = plan.model_config(cfg.model)
+    try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
+        mc = plan.model_config(cfg.model if cfg.model == "tiny" else str(resolve_checkpoint(cfg.model)))
     except Exception:  # a missing or unreadable model, the hub unreachable: load_policy reports it
         return
     kind = "cpu" if device.type == "cpu" else "cuda"

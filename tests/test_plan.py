@@ -29,8 +29,8 @@ SMALL_BLOCK = 37_120
 
 
 def small_cfg(**overrides) -> Config:
-    values = dict(model="tiny", prompts_per_step=8, mini_batch_prompts=8, group_size=4, rollout_batch_size=16, max_prompt_tokens=100,
-                  max_new_tokens=156, kl_coef=0.01, freeze_embeddings=False, micro_batch_size=2)
+    values = dict(model="tiny", prompts_per_step=8, mini_batch_prompts=8, group_size=4, rollout_batch_size=16,
+                  max_prompt_tokens=100, max_new_tokens=156, kl_coef=0.01, freeze_embeddings=False, micro_batch_size=2)
     return replace(Config(), **{**values, **overrides})
 
 
