@@ -360,19 +360,21 @@ def flags_of(changes: dict) -> str:
 def refusal(cfg, mc: ModelConfig, plan: Plan, *, prompt_tokens: int | None = None) -> str:
     """One line: how much the run needs against what it has, and what would make it fit."""
     where = "per GPU" if plan.device == "cuda" else "on the CPU"
-    largest = [max(plan.rows, key=lambda row: getattr(row, phase)) for phase in ("rollout", "update")]
-    parts = "; ".join(f"{phase}: {row.name}, {getattr(row, phase) / GIB:.1f} GiB"
-                      for phase, row in zip(("rollout", "update"), largest))
+    largest = {}  # the largest row of each phase, once when both phases name the same one
+    for phase in ("rollout", "update"):
+        row = max(plan.rows, key=lambda r: getattr(r, phase))
+        largest.setdefault(row.name, f"{row.name}, {getattr(row, phase) / GIB:.1f} GiB")
+    parts = "; ".join(largest.values())
     line = (f"the run needs {plan.peak_bytes / GIB:.1f} GiB {where} but has {plan.budget_bytes / GIB:.1f} GiB "
-            f"({plan.gpus} process{'es' if plan.gpus > 1 else ''}; largest parts, {parts}; --plan shows all)")
+            f"({plan.gpus} process{'es' if plan.gpus > 1 else ''}; largest: {parts}; --plan shows all)")
     found = suggest(cfg, mc, gpus=plan.gpus, gpu_gb=plan.budget_bytes / GIB, device=plan.device,
                     prompt_tokens=prompt_tokens)
     if found is None:
         more = "nothing up to 64 GPUs makes it fit" if plan.device == "cuda" else "no batch size makes it fit"
         return line + f"; {more}: lower --max-new-tokens or --max-prompt-tokens"
     changes, gpus = found
-    launch = f"torchrun --nproc-per-node {gpus} train.py" if gpus > 1 else "python train.py"
-    return line + f": it would fit with {launch} {flags_of(changes)}".rstrip()
+    under = f" under torchrun --nproc-per-node {gpus}" if gpus != plan.gpus else ""
+    return line + f": it would fit{under}" + (f" with {flags_of(changes)}" if changes else "")
 
 
 def default_gpus() -> int:

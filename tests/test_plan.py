@@ -180,7 +180,7 @@ def test_paper_presets_fit_and_the_7b_on_one_gpu_is_refused_with_what_would_fit(
     assert code == 0 and "(1/8 shard)" in out
     code, out = plan_exit(capsys, ["--preset", "paper-7b", "--model", str(seven), "--plan", "--plan-gpus", "1",
                                    "--plan-gpu-gb", "80"])
-    assert code == 1 and "does NOT fit" in out and "it would fit with torchrun --nproc-per-node" in out
+    assert code == 1 and "does NOT fit" in out and "it would fit under torchrun --nproc-per-node" in out
 
 
 def test_a_suggestion_fits_and_changes_the_least():
