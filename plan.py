@@ -296,8 +296,10 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     where = f"{gpus} x {gpu_gb:g} GiB GPU" if device == "cuda" else f"CPU with {gpu_gb:g} GiB"
     description = (f"{cfg.model}: {params.total / 1e9:.2f} B parameters, {mc.num_layers} layers, vocabulary "
                    f"{mc.vocab_size:,}; on {where}")
-    return Plan(plan_rows, device, gpus, int(gpu_gb * GIB), 4 * params.total, description,
-                checkpoint=4 * params.total + 8 * trainable)
+    # Writing a checkpoint: rank 0 copies the gathered fp32 weights to its CPU; AdamW's state is copied too from a
+    # GPU (on the CPU it is written from where it is).
+    checkpoint = 4 * params.total + (8 * trainable if device == "cuda" else 0)
+    return Plan(plan_rows, device, gpus, int(gpu_gb * GIB), 4 * params.total, description, checkpoint=checkpoint)
 
 
 def format_plan(plan: Plan) -> str:
@@ -313,7 +315,7 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"{'total':<{width}}{gib(plan.total_bytes('rollout'))} {gib(plan.total_bytes('update'))}")
     lines.append(f"loading: the whole fp32 policy at once ({plan.load_bytes / GIB:.1f} GiB"
                  + (", before it is sharded" if plan.gpus > 1 else "") + ")")
-    lines.append(f"checkpoints: rank 0 gathers {plan.checkpoint / GIB:.1f} GiB of host memory (fp32 weights, AdamW)")
+    lines.append(f"checkpoints: rank 0 gathers {plan.checkpoint / GIB:.1f} GiB of host memory to write one")
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"peak {plan.peak_bytes / GIB:.1f} GiB of {plan.budget_bytes / GIB:g} GiB: {verdict}")
     return "\n".join(lines)
