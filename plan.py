@@ -299,7 +299,10 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     # Writing a checkpoint: rank 0 copies the gathered fp32 weights to its CPU; AdamW's state is copied too from a
     # GPU (on the CPU it is written from where it is).
     checkpoint = 4 * params.total + (8 * trainable if device == "cuda" else 0)
-    return Plan(plan_rows, device, gpus, int(gpu_gb * GIB), 4 * params.total, description, checkpoint=checkpoint)
+    # Loading: the fp32 policy whole (every rank, before sharding); on the CPU the safetensors file is mapped while
+    # it is read, so its bytes (a bf16 checkpoint's: 2 per weight) count in RSS beside the fp32 copy until closed.
+    load = 4 * params.total + (2 * params.total if device == "cpu" else 0)
+    return Plan(plan_rows, device, gpus, int(gpu_gb * GIB), load, description, checkpoint=checkpoint)
 
 
 def format_plan(plan: Plan) -> str:
@@ -314,7 +317,8 @@ def format_plan(plan: Plan) -> str:
                  f"{gib(plan.margin_bytes('rollout'))} {gib(plan.margin_bytes('update'))}")
     lines.append(f"{'total':<{width}}{gib(plan.total_bytes('rollout'))} {gib(plan.total_bytes('update'))}")
     lines.append(f"loading: the whole fp32 policy at once ({plan.load_bytes / GIB:.1f} GiB"
-                 + (", before it is sharded" if plan.gpus > 1 else "") + ")")
+                 + (", before it is sharded" if plan.gpus > 1 else "")
+                 + (", with the bf16 checkpoint file mapped" if plan.device == "cpu" else "") + ")")
     lines.append(f"checkpoints: rank 0 gathers {plan.checkpoint / GIB:.1f} GiB of host memory to write one")
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"peak {plan.peak_bytes / GIB:.1f} GiB of {plan.budget_bytes / GIB:g} GiB: {verdict}")

@@ -167,8 +167,10 @@ def predictions(cfg, checkpoint: Path):
         backward = row(p, "activations held") + row(p, "backward peak")
         return held + max(backward, row(p, "AdamW step"))
 
-    weights = lambda *args, **kwargs: row(the_plan(None), "fp32 weights")
-    reference = lambda *args, **kwargs: row(the_plan(None), "reference model")
+    weights = lambda *args, **kwargs: the_plan(None).load_bytes  # the checkpoint read: fp32 weights (+ file)
+    # The reference's row, plus on the CPU the file mapped while it is read (as for the policy).
+    reference = lambda *args, **kwargs: (row(the_plan(None), "reference model")
+                                         + the_plan(None).load_bytes - row(the_plan(None), "fp32 weights"))
     # Host memory: compared on the CPU only (on a GPU the allocator does not see it).
     checkpoint_bytes = lambda *args, **kwargs: the_plan(None).checkpoint if cfg.device == "cpu" else None
     return weights, reference, rollout, update, checkpoint_bytes
