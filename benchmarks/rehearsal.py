@@ -11,6 +11,7 @@ the phase, see `Meter`) and, for the phases the plan models, `predicted_mb` and 
 ratio leaves [0.75, 1.25] where the plan predicts at least COMPARED_FROM_MB.
 """
 
+import gc
 import json
 import os
 import shutil
@@ -43,6 +44,9 @@ class Meter:
         self.depth, self.records, self.device = 0, [], device
 
     def _reset(self) -> float:
+        # What an earlier phase left for the collector (a finished run's models) is freed first: freed during
+        # the phase, it would hide the phase's own growth.
+        gc.collect()
         if self.device == "cuda":  # on a GPU: the caching allocator's peak over what is allocated
             import torch
 
