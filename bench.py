@@ -5,6 +5,7 @@
     python bench.py train               # the training log-prob path (ngrpo.py) against full logits
     python bench.py neighbors           # the neighbor table (neighbors.py); --device cuda: the 1.5B shape
     python bench.py trl                 # a GRPO step of ours beside TRL's GRPOTrainer (pip install trl)
+    python bench.py rehearsal           # the 1.5B shape end to end on the CPU, memory against train.py --plan
 
 Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that registers its subcommand
 (and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only the entry.
@@ -13,7 +14,7 @@ Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that 
 import argparse
 import importlib
 
-BENCHMARKS = ("grader", "rollout", "neighbors", "train", "trl")
+BENCHMARKS = ("grader", "rollout", "neighbors", "train", "trl", "rehearsal")
 
 
 def main() -> None:

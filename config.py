@@ -412,6 +412,9 @@ _7B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 # a checkpoint every 10 steps, one kept.
 _RELEASED = dict(loss_agg="token-mean-per-rows", loss_agg_rows=2, val_data="aime24", val_n=32, val_every=1,
                  val_before_train=True, keep_best="val/aime24/mean@32", save_every=10, keep_last=1)
+# Rows decoded per call so that the whole run fits one 80 GB GPU (1.5B) or each of 8 (7B): `train.py --plan` shows
+# the memory; responses do not depend on it (README, "Numbers do not depend on the number of processes").
+_ROWS_1P5B, _ROWS_7B = dict(rollout_batch_size=64), dict(rollout_batch_size=32)
 # In the released N-GRPO runs the mixed embedding lookup runs where FSDP gathers the weights without writing
 # gradients back: the input embeddings never change.
 _MIXING_RUN = dict(freeze_embeddings=True)
@@ -422,17 +425,18 @@ _SMALL = dict(model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=25
 PRESETS: dict[str, dict] = {
     # The released code's recipes (configs/*.yaml of github.com/ZJUSCL/N-GRPO; README "Paper text vs released
     # code vs this repo"): the dataclass defaults plus what the released runs did beyond them.
-    "paper-1.5b": dict(_RELEASED, **_MIXING_RUN, model=_1P5B),  # n-grpo_1_5b.yaml
-    "paper-7b": dict(_RELEASED, **_MIXING_RUN, model=_7B, mix_rate=0.15, num_neighbors=2, lr=1e-6,  # n-grpo_7b.yaml
-                     kl_coef=0.001),
-    "grpo-1.5b": dict(_RELEASED, model=_1P5B, explore="none", lr=1e-6, kl_coef=0.001),  # grpo_1_5b.yaml
-    "grpo-7b": dict(_RELEASED, model=_7B, explore="none", lr=1e-6, kl_coef=0.001),  # grpo_7b.yaml
+    "paper-1.5b": dict(_RELEASED, **_MIXING_RUN, **_ROWS_1P5B, model=_1P5B),  # n-grpo_1_5b.yaml
+    "paper-7b": dict(_RELEASED, **_MIXING_RUN, **_ROWS_7B, model=_7B, mix_rate=0.15,  # n-grpo_7b.yaml
+                     num_neighbors=2, lr=1e-6, kl_coef=0.001),
+    "grpo-1.5b": dict(_RELEASED, **_ROWS_1P5B, model=_1P5B, explore="none", lr=1e-6, kl_coef=0.001),  # grpo_1_5b.yaml
+    "grpo-7b": dict(_RELEASED, **_ROWS_7B, model=_7B, explore="none", lr=1e-6, kl_coef=0.001),  # grpo_7b.yaml
     # N-GSPO: the 1.5B recipe with GSPO's sequence-level ratio and its per-sequence mean.
-    "n-gspo-1.5b": dict(_RELEASED, **_MIXING_RUN, model=_1P5B, loss="gspo", loss_agg="seq-mean-token-mean"),
+    "n-gspo-1.5b": dict(_RELEASED, **_MIXING_RUN, **_ROWS_1P5B, model=_1P5B, loss="gspo",
+                        loss_agg="seq-mean-token-mean"),
     # NGRPO, Negative-enhanced GRPO (Nan et al. 2025)'s recipe: calibrated advantages, clip 0.16 / 0.24, all-correct
     # groups dropped, no KL. It keeps the default N-GRPO mixing (--explore neighbor) since the two compose;
     # add --explore none for NGRPO alone.
-    "negative-grpo": dict(model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
+    "negative-grpo": dict(_ROWS_1P5B, model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
                           filter_groups="all_correct", kl_coef=0.0),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
     "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4, overwrite=True),
@@ -505,6 +509,14 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="JSON", help="start from a run's saved config.json instead of a preset")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config (preset + --config + flags) as JSON and exit")
+    parser.add_argument("--plan", action="store_true",
+                        help="print each GPU's memory for this run from the model's config.json alone (no weights "
+                             "loaded) and exit: 0 when it fits, 1 with the settings that would fit when not")
+    parser.add_argument("--plan-gpus", type=int, default=None, metavar="N",
+                        help="--plan: processes (GPUs) of the run (default: $WORLD_SIZE or 1)")
+    parser.add_argument("--plan-gpu-gb", type=float, default=None, metavar="G",
+                        help="--plan: memory of each GPU in GiB (default: the visible GPU's, else 80; with "
+                             "--device cpu the machine's RAM)")
     add_config_flags(parser)
     return parser
 
@@ -529,6 +541,7 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     parser = build_parser(description)
     args = vars(parser.parse_args(argv))
     config_path, preset_name, show = args.pop("config"), args.pop("preset"), args.pop("print_config")
+    plan_args = args.pop("plan"), args.pop("plan_gpus"), args.pop("plan_gpu_gb")
     if config_path and preset_name:
         parser.error("--config and --preset both name a starting point: give one of them")
     try:
@@ -544,4 +557,8 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     if show:
         print(json.dumps(asdict(cfg), indent=2))
         parser.exit()
+    if plan_args[0]:
+        from plan import print_plan  # imported here: the plan reads config.json files, the parser needs none of it
+
+        parser.exit(print_plan(cfg, gpus=plan_args[1], gpu_gb=plan_args[2]))
     return cfg

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 import distributed
 import eval as evaluation
+import plan
 from analysis import group_diversity, mixture_closeness
 from checkpoint import newest_intact, write_manifest
 from config import RUN_CONTROL_FIELDS, Config, parse_config
@@ -40,7 +41,7 @@ from data import (
     tokenize_problems,
 )
 from guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
-from model import TINY_CONFIG, kv_cache_bytes, load_model, random_model, resolve_device, save_model
+from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device, save_model
 from neighbors import table_for
 from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
 from reward import RewardPool, extract_answer
@@ -267,7 +268,7 @@ def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
     seconds)."""
     cfg, world = r.cfg, r.world
     start = time.perf_counter()
-    per_call = cfg.rollout_batch_size or -(-len(batch_rows) // world.size)
+    per_call = min(cfg.rollout_batch_size or len(batch_rows), -(-len(batch_rows) // world.size))  # every rank busy
     starts = range(0, len(batch_rows), per_call)
     done, score_s = [], 0.0
     for call in distributed.deal(len(starts), world):
@@ -624,20 +625,19 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
     return problems, held_out, dropped
 
 
-def check_memory(cfg: Config, policy, device: torch.device, longest_prompt: int,
-                 world: distributed.World) -> None:
-    """Refuses, before allocating, a rollout whose KV cache cannot fit in the device's memory."""
-    rows = cfg.rollout_batch_size or -(-cfg.prompts_per_step * cfg.group_size // world.size)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    need = kv_cache_bytes(policy.cfg, rows, longest_prompt + cfg.max_new_tokens, dtype)
-    if device.type == "cuda":
-        have = torch.cuda.mem_get_info(device)[1]
-    else:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        raise RunError(f"the rollout KV cache would need {need / 2**30:.1f} GiB ({rows} rows x "
-                       f"{longest_prompt + cfg.max_new_tokens} tokens) but the {device.type} has {have / 2**30:.1f} "
-                       "GiB: lower --max-new-tokens or --rollout-batch-size")
+def check_memory(cfg: Config, device: torch.device, world: distributed.World) -> None:
+    """Refuses, before anything is loaded, a run whose memory plan (plan.py: what `--plan` prints) does not fit
+    the device: each GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read
+    is left to load_policy, which says why."""
+    try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
+        mc = plan.model_config(cfg.model if cfg.model == "tiny" else str(resolve_checkpoint(cfg.model)))
+    except Exception:  # a missing or unreadable model, the hub unreachable: load_policy reports it
+        return
+    kind = "cpu" if device.type == "cpu" else "cuda"
+    have_gb = torch.cuda.mem_get_info(device)[1] / plan.GIB if kind == "cuda" else plan.default_gpu_gb("cpu")
+    memory = plan.plan_memory(cfg, mc, gpus=world.size, gpu_gb=have_gb, device=kind)
+    if not memory.fits:
+        raise RunError(plan.refusal(cfg, mc, memory))
 
 
 def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
@@ -649,6 +649,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         raise RunError(str(error)) from None
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    check_memory(cfg, device, world)
     policy, tokenizer = load_policy(cfg, device, seed=cfg.seed)
     try:
         cfg.check_vocabulary(policy.cfg.vocab_size, cfg.model)
@@ -666,7 +667,6 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
                                                  cfg.instruction)
         except DataError as error:
             raise RunError(str(error)) from None
-    check_memory(cfg, policy, device, max(len(p["prompt_ids"]) for p in problems), world)
     try:
         exploration = exploration_from_config(cfg, tokenizer)
     except ValueError as error:

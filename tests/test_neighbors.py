@@ -148,3 +148,25 @@ def test_bad_arguments_raise_a_clear_value_error(weight, k, metric, message):
 def test_bad_chunk_size_raises_a_clear_value_error():
     with pytest.raises(ValueError, match="chunk_size must be at least 1"):
         build_neighbor_table(torch.randn(8, 4), 2, chunk_size=0)
+
+
+def test_a_long_search_reports_every_row_to_its_progress_bar(monkeypatch):
+    """The bar (tqdm, stderr, shown after 3 s) counts the vocabulary's rows, chunk by chunk, to the end."""
+    bars = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            self.kwargs, self.done, self.closed = kwargs, 0, False
+            bars.append(self)
+
+        def update(self, rows):
+            self.done += rows
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(neighbors, "tqdm", Recorder)
+    build_neighbor_table(torch.randn(50, 8), 2, chunk_size=7)
+    (bar,) = bars
+    assert bar.kwargs["total"] == 50 and bar.done == 50 and bar.closed
+    assert bar.kwargs["delay"] > 0  # nothing printed for a search of a few seconds
