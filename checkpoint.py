@@ -1,4 +1,6 @@
-"""Whether a checkpoint on disk is the one that was written: a manifest of every file's size and SHA-256,
+"""Checkpoints on disk: writing one (weights in the Hugging Face layout, AdamW state, RNG, data cursor, the
+neighbor table; into a temporary directory renamed at the end), the metrics kept to a resumed step, and
+whether a checkpoint is the one that was written: a manifest of every file's size and SHA-256,
 written last (just before the directory is renamed to step-N), and the check --resume runs before using one.
 
 A kill -9 mid-write never leaves a step-N (the rename is the commit), but a disk can still truncate or lose a
@@ -15,7 +17,19 @@ without hashing anything.
 
 import hashlib
 import json
+import os
+import random
+import shutil
+import sys
+import tempfile
 from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+
+import distributed
+from guard import Refused, reason
+from model import save_model
 
 MANIFEST = "manifest.json"
 # What a checkpoint written before manifests existed must hold (checked by presence and size only).
@@ -73,3 +87,79 @@ def newest_intact(checkpoints: list[Path]) -> tuple[Path | None, list[str]]:
             return directory, skipped
         skipped.append(f"{directory.name}: {reason}")
     return None, skipped
+
+
+# ----------------------------------------------------------------------------- writing one
+
+
+def checkpoint_dirs(out_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a directory is complete once renamed to step-N)."""
+    found = [d for d in (out_dir / "checkpoints").glob("step-*") if d.is_dir() and d.name[5:].isdigit()]
+    return sorted(found, key=lambda d: int(d.name[5:]))
+
+
+def save_weights(r, out_dir: Path) -> None:
+    """The policy in the Hugging Face layout, gathered one parameter at a time and written by rank 0."""
+    state = distributed.gather_state_dict(r.policy, r.world)
+    if r.world.is_main:
+        save_model(distributed.model_from_state(r.policy, state), out_dir, r.tokenizer)
+
+
+def save_checkpoint(r, step: int) -> None:
+    """HF-layout weights plus optimizer, RNG, data cursor and the neighbor table in use of the run `r`
+    (train.Run), written to a temporary directory and renamed: a crash mid-write leaves the previous
+    checkpoints as they were.
+
+    Under torchrun the weights and AdamW state are gathered to rank 0, which alone writes, in the same
+    files as one process: a checkpoint resumes under any number of processes. The AdamW state is keyed by
+    parameter name (optimizer.pt); gathering it costs rank 0 host memory of twice the fp32 weights (7B:
+    61 GB), which an 8-GPU node has; torch.distributed.checkpoint would shard the files instead."""
+    if r.world.is_main:
+        root = r.out_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step-*"):  # what a killed run was writing
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+    else:
+        tmp = None
+    try:
+        save_weights(r, tmp)
+        optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
+        if r.world.is_main:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
+                        "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
+                       tmp / "trainer_state.pt")
+            r.cfg.save_json(tmp / "config.json.run")
+            write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
+            os.replace(tmp, root / f"step-{step}")
+    except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)  # the earlier checkpoints stay as they were
+        target = r.out_dir / "checkpoints" / f"step-{step}"
+        raise Refused(f"cannot write checkpoint {target}: {reason(error, target.parent)}; the earlier "
+                      "checkpoints are intact") from None
+    if r.world.is_main:
+        for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
+            shutil.rmtree(old)
+    distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
+
+
+def trim_metrics(path: Path, start_step: int) -> Path:
+    """metrics.jsonl up to start_step, each step once (the steps after a checkpoint run again); a line that is
+    not a record (the torn last line a full disk leaves) is dropped with a note. Empty for a new run."""
+    kept, torn = {}, 0
+    for line in path.read_text().splitlines() if path.exists() and start_step else []:
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            torn += 1
+            continue
+        if step <= start_step:
+            kept.setdefault(step, line)
+    if torn:
+        print(f"--resume: dropped {torn} unreadable line(s) of {path} (a write cut short)", file=sys.stderr)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(line + "\n" for _, line in sorted(kept.items())))
+    os.replace(partial, path)  # the kept steps survive a failure while rewriting
+    return path

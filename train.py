@@ -22,14 +22,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from tqdm import tqdm
 
 import distributed
 import eval as evaluation
 import plan
 from analysis import group_diversity, mixture_closeness
-from checkpoint import newest_intact, write_manifest
+from checkpoint import checkpoint_dirs, newest_intact, save_checkpoint, save_weights, trim_metrics
 from config import RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
@@ -41,12 +40,13 @@ from data import (
     tokenize_problems,
 )
 from guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
-from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device, save_model
+from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
-from ngrpo import autocast, keep_groups, overlong_penalty, scheduled_lr, token_logprobs, update
+from ngrpo import keep_groups, overlong_penalty, scheduled_lr, update
 from reward import RewardPool, extract_answer
 from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate
 from tracking import Tracker
+from warmstart import held_out_accuracy, warm_start
 
 
 class RunError(SystemExit):
@@ -471,79 +471,6 @@ def say(world: distributed.World, text: str, file=sys.stdout) -> None:
         print(text, file=file, flush=True)
 
 
-def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_tokens: int,
-                      batch_size: int = 64, world: distributed.World = distributed.World()) -> float:
-    """Greedy accuracy on held-out problems (their prompt_ids already rendered). Under torchrun the batches
-    are dealt to the ranks and the counts summed."""
-    stop = (tokenizer.eos_token_id,)
-    correct = 0
-    for batch_index in distributed.deal(-(-len(problems) // batch_size), world):
-        batch = problems[batch_index * batch_size : (batch_index + 1) * batch_size]
-        rollout = generate(model, [p["prompt_ids"] for p in batch],
-                           Sampling(temperature=0, max_new_tokens=max_new_tokens, stop_ids=stop))
-        texts = tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
-        correct += sum(pool.score([(text, p["answer"]) for text, p in zip(texts, batch)]))
-    return distributed.sum_across({"correct": correct}, world)["correct"] / len(problems)
-
-
-def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool, *, dev_model=None) -> dict:
-    """Teacher forcing on worked solutions (`solution` ends in \\boxed{answer}) so that a random model can
-    answer at all: cross-entropy on the response tokens, AdamW, at most sft_steps steps. `model` is a
-    Transformer or a distributed.ModelCall; under torchrun every rank takes the same batches (a demo-sized warm
-    start), so FSDP's averaged gradient is the one-process one.
-
-    With sft_target_accuracy it stops once greedy accuracy on the last sft_dev_problems problems (kept out of
-    its batches) has reached the target at two checks in a row, checked every sft_eval_every steps (one check
-    on 100 problems can pass on a lucky draw: std ~0.05). A fixed step count hands RL whatever competence the
-    CPU's fp32 rounding made of the trajectory; a target hands it the same skill every time. Returns
-    {"warm_start_steps": steps run, "warm_start_dev_accuracy": the last check or None}. dev_model() gives
-    the plain Transformer the dev checks decode with (default: `model` itself)."""
-    usable = [p for p in problems if p.get("solution")]
-    dev = usable[-cfg.sft_dev_problems :] if cfg.sft_target_accuracy > 0 else []
-    usable = usable[: len(usable) - len(dev)]
-    if not usable:
-        raise SystemExit("error: --sft-steps needs problems with worked solutions (a 'solution' field)"
-                         + (f", more than --sft-dev-problems ({cfg.sft_dev_problems})" if dev else ""))
-    batcher = PromptBatcher(usable, cfg.sft_batch_size, seed=cfg.seed + 1)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
-    eos = tokenizer.eos_token_id
-    dev_accuracy, steps, checks_passed = None, 0, 0
-    bar = tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr, disable=None)
-    for steps in range(1, cfg.sft_steps + 1):
-        model.train()
-        batch = batcher.next_batch()
-        answers = [tokenizer.encode(p["solution"], add_special_tokens=False) + [eos] for p in batch]
-        sequences = [p["prompt_ids"] + a for p, a in zip(batch, answers)]
-        L = max(map(len, sequences))
-        ids = torch.tensor([s + [eos] * (L - len(s)) for s in sequences], device=device)  # [B, L], padded
-        labels = ids[:, 1:]
-        mask = torch.zeros_like(labels, dtype=torch.bool)  # [B, L - 1] the solution's tokens and its EOS
-        for row, (p, a) in enumerate(zip(batch, answers)):
-            mask[row, len(p["prompt_ids"]) - 1 : len(p["prompt_ids"]) - 1 + len(a)] = True
-        with autocast(device):
-            logp, _ = distributed.run_model(model, lambda m: token_logprobs(
-                m.forward_hidden(ids[:, :-1]), m.output_weight, labels, chunk_tokens=cfg.logprob_chunk_tokens))
-        loss = -(logp * mask).sum() / mask.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        bar.update()
-        if dev and steps % cfg.sft_eval_every == 0:
-            model.eval()
-            checked = dev_model() if dev_model is not None else model
-            dev_accuracy = held_out_accuracy(checked, dev, tokenizer, pool, max_new_tokens=cfg.max_new_tokens)
-            bar.set_postfix(dev_accuracy=f"{dev_accuracy:.3f}")
-            checks_passed = checks_passed + 1 if dev_accuracy >= cfg.sft_target_accuracy else 0
-            if checks_passed == 2:
-                break
-    bar.close()
-    model.eval()
-    reached = "" if dev_accuracy is None else (f"; greedy accuracy on {len(dev)} dev problems "
-                                               f"{dev_accuracy:.3f} (target {cfg.sft_target_accuracy:.2f})")
-    print(f"warm start: {steps} teacher-forced steps{reached}")
-    return {"warm_start_steps": steps, "warm_start_dev_accuracy": dev_accuracy}
-
-
 def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
     holding another run's checkpoints unless --resume (continue it) or --overwrite (start over there); a
@@ -748,58 +675,6 @@ def shared_table(r: Run) -> torch.Tensor:
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def checkpoint_dirs(out_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a directory is complete once renamed to step-N)."""
-    found = [d for d in (out_dir / "checkpoints").glob("step-*") if d.is_dir() and d.name[5:].isdigit()]
-    return sorted(found, key=lambda d: int(d.name[5:]))
-
-
-def save_weights(r: Run, out_dir: Path) -> None:
-    """The policy in the Hugging Face layout, gathered one parameter at a time and written by rank 0."""
-    state = distributed.gather_state_dict(r.policy, r.world)
-    if r.world.is_main:
-        save_model(distributed.model_from_state(r.policy, state), out_dir, r.tokenizer)
-
-
-def save_checkpoint(r: Run, step: int) -> None:
-    """HF-layout weights plus optimizer, RNG, data cursor and the neighbor table in use, written to a
-    temporary directory and renamed: a crash mid-write leaves the previous checkpoints as they were.
-
-    Under torchrun the weights and AdamW state are gathered to rank 0, which alone writes, in the same
-    files as one process: a checkpoint resumes under any number of processes. The AdamW state is keyed by
-    parameter name (optimizer.pt); gathering it costs rank 0 host memory of twice the fp32 weights (7B:
-    61 GB), which an 8-GPU node has; torch.distributed.checkpoint would shard the files instead."""
-    if r.world.is_main:
-        root = r.out_dir / "checkpoints"
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".step-*"):  # what a killed run was writing
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
-    else:
-        tmp = None
-    try:
-        save_weights(r, tmp)
-        optimizer_state = distributed.optimizer_state(r.trainer, r.optimizer, r.world)
-        if r.world.is_main:
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-            torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
-                        "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size},
-                       tmp / "trainer_state.pt")
-            r.cfg.save_json(tmp / "config.json.run")
-            write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
-            os.replace(tmp, root / f"step-{step}")
-    except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)  # the earlier checkpoints stay as they were
-        target = r.out_dir / "checkpoints" / f"step-{step}"
-        raise Refused(f"cannot write checkpoint {target}: {reason(error, target.parent)}; the earlier "
-                      "checkpoints are intact") from None
-    if r.world.is_main:
-        for old in checkpoint_dirs(r.out_dir)[: -r.cfg.keep_last] if r.cfg.keep_last > 0 else []:
-            shutil.rmtree(old)
-    distributed.barrier(r.world)  # no rank reads checkpoints/ before the rename
-
-
 def restore_checkpoint(r: Run, latest: Path) -> int:
     """Continues from the checkpoint `latest` (claim_out_dir has checked that it is intact and its settings):
     weights (by parameter name), optimizer, data cursor, RNG states and neighbor table. Returns its step."""
@@ -822,26 +697,6 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
             "run in another order (float rounding); rollouts are keyed by row, not by process", sys.stderr)
     prepare_sampling(r, saved_table=state.get("neighbor_table"))
     return state["step"]
-
-
-def trim_metrics(path: Path, start_step: int) -> Path:
-    """metrics.jsonl up to start_step, each step once (the steps after a checkpoint run again); a line that is
-    not a record (the torn last line a full disk leaves) is dropped with a note. Empty for a new run."""
-    kept, torn = {}, 0
-    for line in path.read_text().splitlines() if path.exists() and start_step else []:
-        try:
-            step = json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):
-            torn += 1
-            continue
-        if step <= start_step:
-            kept.setdefault(step, line)
-    if torn:
-        print(f"--resume: dropped {torn} unreadable line(s) of {path} (a write cut short)", file=sys.stderr)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(line + "\n" for _, line in sorted(kept.items())))
-    os.replace(partial, path)  # the kept steps survive a failure while rewriting
-    return path
 
 
 # ----------------------------------------------------------------------------- command line

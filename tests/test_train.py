@@ -12,6 +12,7 @@ import torch
 
 import ngrpo
 import train
+import warmstart
 from config import preset
 from data import load_problems, tiny_tokenizer, tokenize_problems
 from model import TINY_CONFIG, load_model, random_model, save_model
@@ -45,7 +46,7 @@ def warm_model(request, tmp_path_factory):
     problems, _ = tokenize_problems(load_problems(cfg.data), tokenizer, max_prompt_tokens=256,
                                     final_period=False, instruction=cfg.instruction)
     pool = RewardPool()
-    reached = train.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool)
+    reached = warmstart.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool)
     pool.close()
     assert reached["warm_start_dev_accuracy"] >= cfg.sft_target_accuracy, reached
     save_model(model, path, tokenizer)
@@ -77,11 +78,11 @@ def test_warm_start_stops_after_two_dev_checks_in_a_row_reach_the_target(monkeyp
     pass at step 4 does not stop it, the passes at 8 and 10 do; the dev problems (the last 10) never appear
     in its batches."""
     scripted, dev_ids, trained_ids = iter([0.2, 0.65, 0.5, 0.65, 0.7, 0.9]), [], set()
-    monkeypatch.setattr(train, "held_out_accuracy",
+    monkeypatch.setattr(warmstart, "held_out_accuracy",
                         lambda model, problems, *args, **kwargs: dev_ids.append({p["id"] for p in problems})
                         or next(scripted))
-    real_next_batch = train.PromptBatcher.next_batch
-    monkeypatch.setattr(train.PromptBatcher, "next_batch",
+    real_next_batch = warmstart.PromptBatcher.next_batch
+    monkeypatch.setattr(warmstart.PromptBatcher, "next_batch",
                         lambda self: [trained_ids.add(p["id"]) or p for p in real_next_batch(self)])
     tokenizer = tiny_tokenizer()
     problems, _ = tokenize_problems(load_problems("arith:n=60"), tokenizer, max_prompt_tokens=256,
@@ -89,7 +90,7 @@ def test_warm_start_stops_after_two_dev_checks_in_a_row_reach_the_target(monkeyp
     cfg = replace(preset("demo"), sft_steps=100, sft_target_accuracy=0.6, sft_eval_every=2,
                   sft_dev_problems=10, sft_batch_size=4)
     model = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=0)
-    result = train.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool=None)
+    result = warmstart.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool=None)
     assert result == {"warm_start_steps": 10, "warm_start_dev_accuracy": 0.7}
     assert dev_ids == [{p["id"] for p in problems[-10:]}] * 5
     assert len(trained_ids) == 10 * 4 and not trained_ids & dev_ids[0]
@@ -135,7 +136,7 @@ def test_resume_continues_exactly(tmp_path, one_thread):
 KILL_DURING_SECOND_SAVE = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-import train, model
+import checkpoint, train, model
 from config import parse_config
 calls = []
 real_save = model.save_model
@@ -144,7 +145,7 @@ def save_then_die(m, out_dir, tokenizer=None, **kwargs):
     real_save(m, out_dir, tokenizer, **kwargs)
     if len(calls) == 2:  # the step-2 checkpoint: weights written, trainer state not yet, then SIGKILL
         os.kill(os.getpid(), signal.SIGKILL)
-train.save_model = save_then_die
+checkpoint.save_model = save_then_die
 train.run(parse_config(sys.argv[1:]))
 """
 
