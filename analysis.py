@@ -3,7 +3,7 @@
     python analysis.py compare RUN_A RUN_B [--out FILE]   # two eval.py output directories (or samples.jsonl)
     python analysis.py diversity RUN [RUN ...]            # group diversity of evaluated runs
 
-Diversity (cheap, no model calls; for metrics.jsonl every step; README "Is it better?" defines each key):
+Diversity (cheap, no model calls; for metrics.jsonl every step; docs/experiments.md defines each key):
     group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., ...}
     mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
     mixture_closeness(same arguments)  -> (mean ||e_mixed - E[y]|| / ||E[y]||, mean cos), one pass

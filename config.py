@@ -1,7 +1,7 @@
 """Every hyperparameter of a run in one dataclass, the named presets, and the command-line flags made from it.
 
 Defaults are those of the paper's released code for DeepSeek-R1-Distill-Qwen-1.5B (preset `paper-1.5b`);
-README.md ("The algorithm") says what each one does. A preset is a plain dict of overrides; explicit flags override the
+docs/algorithm.md says what each one does. A preset is a plain dict of overrides; explicit flags override the
 preset. Each flag is the field name with dashes (`mix_rate` -> `--mix-rate`) and its help is the field's.
 
     cfg = parse_config(["--preset", "grpo-1.5b", "--lr", "2e-6"])
@@ -51,11 +51,11 @@ class Config:
                                         "max_new_tokens): for 1.5B in bf16 256 rows x 8.4k tokens take ~62 GB, "
                                         "so lower this (e.g. 128) on an 80 GB GPU")
 
-    # --- exploration (README.md, "The algorithm", steps 2-6, and the baselines)
+    # --- exploration (docs/algorithm.md, steps 2-6, and the baselines)
     explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
                           "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures; the released "
-                          "code's others (README, 'Exploration strategies'): topk = the top tokens weighted by "
-                          "a second softmax, topk-gumbel = Gumbel-perturbed choice of them, gaussian_embed_noise "
+                          "code's others (docs/algorithm.md, 'Exploration strategies'): topk = the top tokens "
+                          "weighted by a second softmax, topk-gumbel = Gumbel-perturbed choice of them, gaussian_embed_noise "
                           "= topk + Gaussian noise, orthogonal_noise = the greedy token + noise scaled by the "
                           "other top tokens", ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel",
                                                "gaussian_embed_noise", "orthogonal_noise"))
@@ -64,11 +64,11 @@ class Config:
     mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
                                           "--mix-rate coin (the released code's mix_rate: null mode); the entropy "
                                           "is the release's, of softmax(p / temperature) with p already softmaxed, "
-                                          "which stays within ~1/V of log V (README). 0 = off")
+                                          "which stays within ~1/V of log V (docs/algorithm.md). 0 = off")
     mix_feed: str = option("sampler", "sampler = feed the mixture to the next decode step (the method as "
                            "described); replay-only = record the same mixture but feed the sampled token, "
                            "training still replays the mixtures (what the released rollouts did under sglang's "
-                           "CUDA graphs, by reading: README)", ("sampler", "replay-only"))
+                           "CUDA graphs, by reading: docs/paper-vs-release.md)", ("sampler", "replay-only"))
     num_neighbors: int = option(1, "semantic neighbors mixed with the greedy anchor token")
     mix_weights: str = option("code", "weights over [anchor, neighbors]: code = softmax(p / temperature) as the "
                               "released code does; renorm = p renormalised over the candidates (the paper's figure)",
@@ -90,7 +90,7 @@ class Config:
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
-    # --- reward (README "Rewards")
+    # --- reward (docs/reward.md)
     grader: str = option("ours", "answer checker: ours = exact, sympy-based (grader.py); math-verify = the "
                          "released code's (pip install math-verify)", ("ours", "math-verify"))
     reward: str = option("", "your own reward f(response, reference) -> float, as module:function or "
@@ -136,7 +136,7 @@ class Config:
                                      "length (prompt + response) <= N; same gradient, less padding "
                                      "(docs/micro-batches.md). 0 = fixed rows")
 
-    # --- the GRPO family (README "The GRPO family"): NGRPO's calibrated advantages, DAPO's sampling and shaping
+    # --- the GRPO family (docs/algorithm.md): NGRPO's calibrated advantages, DAPO's sampling and shaping
     adv_estimator: str = option("grpo", "grpo = group-normalised rewards; negative = NGRPO (Nan et al. 2025): each "
                                 "group's mean and std also count virtual samples of the maximum reward, so an "
                                 "all-wrong group gets negative advantages", ("grpo", "negative"))
@@ -413,7 +413,7 @@ _7B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 _RELEASED = dict(loss_agg="token-mean-per-rows", loss_agg_rows=2, val_data="aime24", val_n=32, val_every=1,
                  val_before_train=True, keep_best="val/aime24/mean@32", save_every=10, keep_last=1)
 # Rows decoded per call so that the whole run fits one 80 GB GPU (1.5B) or each of 8 (7B): `train.py --plan` shows
-# the memory; responses do not depend on it (README, "Numbers do not depend on the number of processes").
+# the memory; responses do not depend on it (docs/distributed.md).
 _ROWS_1P5B, _ROWS_7B = dict(rollout_batch_size=64), dict(rollout_batch_size=32)
 # In the released N-GRPO runs the mixed embedding lookup runs where FSDP gathers the weights without writing
 # gradients back: the input embeddings never change.
@@ -423,8 +423,8 @@ _SMALL = dict(model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=25
               save_every=0, log_completions_every=0, grad_checkpointing=False)
 
 PRESETS: dict[str, dict] = {
-    # The released code's recipes (configs/*.yaml of github.com/ZJUSCL/N-GRPO; README "Paper text vs released
-    # code vs this repo"): the dataclass defaults plus what the released runs did beyond them.
+    # The released code's recipes (configs/*.yaml of github.com/ZJUSCL/N-GRPO; docs/paper-vs-release.md): the
+    # dataclass defaults plus what the released runs did beyond them.
     "paper-1.5b": dict(_RELEASED, **_MIXING_RUN, **_ROWS_1P5B, model=_1P5B),  # n-grpo_1_5b.yaml
     "paper-7b": dict(_RELEASED, **_MIXING_RUN, **_ROWS_7B, model=_7B, mix_rate=0.15,  # n-grpo_7b.yaml
                      num_neighbors=2, lr=1e-6, kl_coef=0.001),
@@ -466,7 +466,7 @@ def preset(name: str) -> Config:
 
 # First field of each section of --help -> the section's title.
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
-            "explore": "exploration (README.md, 'The algorithm')", "grader": "reward",
+            "explore": "exploration (docs/algorithm.md)", "grader": "reward",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
             "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
 

@@ -7,7 +7,7 @@ Every problem set, whatever its field names, becomes a list of records {id, prob
 
 Sources: a local .jsonl / .json (a list) / .parquet file, a hub dataset id (downloaded through
 huggingface_hub), or the built-in `arith` set of generated arithmetic word problems. A record is turned
-into a prompt exactly as README.md ("The algorithm") says: one user turn rendered with the tokenizer's chat template.
+into a prompt exactly as docs/algorithm.md says: one user turn rendered with the tokenizer's chat template.
 The built-in `tiny` tokenizer (bytes + the DeepSeek chat tokens) lets all of this run offline.
 """
 

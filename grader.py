@@ -446,7 +446,7 @@ def _precision_matches(pred: str, pred_value, ref: str, ref_value) -> bool:
 
 
 def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: Fraction) -> bool:
-    """Percent policy and stated precision on two exact numbers (see README, "Rewards")."""
+    """Percent policy and stated precision on two exact numbers (see docs/reward.md)."""
     if pred.percent == ref.percent:
         pred_values, ref_values = [pred_value], [ref_value]
     else:  # the side with a % may be meant with or without it, or as its fraction of 1

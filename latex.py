@@ -448,7 +448,7 @@ class _Parser:
             raise Reject(f"{name} takes one argument")
         elif base is not None:
             value = sympy.log(arguments[0], base)
-        elif name == "\\log":  # no base written: equal only where equal in every base (see README)
+        elif name == "\\log":  # no base written: equal only where equal in every base (see docs/reward.md)
             value = sympy.log(arguments[0]) / sympy.log(UNKNOWN_LOG_BASE)
         elif exponent == -1 and name in _INVERSES:
             return _INVERSES[name](arguments[0])

@@ -1,4 +1,4 @@
-"""The N-GRPO algorithm: what training does with a Rollout (README.md, "The algorithm").
+"""The N-GRPO algorithm: what training does with a Rollout (docs/algorithm.md).
 
     rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
             -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL)

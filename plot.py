@@ -25,7 +25,7 @@ FIGURES = {
     "kl": ("k3 KL to the reference model", ["kl"]),
     "clipping": ("Fraction of tokens clipped", ["clip_frac_high", "clip_frac_low", "dual_clip_frac"]),
     "mixing": ("Mixing", ["mix_rate", "mix_distance", "mix_cosine"]),
-    "diversity": ("Group diversity (README: Is it better?)",
+    "diversity": ("Group diversity (docs/experiments.md)",
                   ["div/distinct_answers", "div/mixed_groups", "div/distinct_1", "div/distinct_2",
                    "div/distinct_3", "div/distinct_4"]),
 }

@@ -60,7 +60,7 @@ class Exploration:
     top_k: int = 10  # soft, gaussian and the release's strategies: candidates = the top-k tokens of p
     mix_temperature: float = 0.0  # soft / gaussian: p(C)^(1/t) renormalised; release's: p / (tau t); 0: t = 1
     noise_sigma: float = 0.33  # gaussian / gaussian_embed_noise: noise std as a fraction of the input's RMS
-    feed: str = "sampler"  # sampler: feed the mixture; replay-only: record it but feed E[y] (README)
+    feed: str = "sampler"  # sampler: feed the mixture; replay-only: record it but feed E[y] (docs/algorithm.md)
     stop_mixing_id: int | None = None  # no mixing at or after the step that samples this id (</think>)
 
     def __post_init__(self):
@@ -322,7 +322,7 @@ def released_scores(view: StepView) -> torch.Tensor:
 def released_entropy(view: StepView) -> torch.Tensor:
     """[B] the entropy the release gates on (`latent_entropy`): of softmax(released_scores), a second softmax
     over the already-softmaxed p. A softmax of numbers in [0, 1 / tau] is nearly uniform: its entropy stays
-    within ~1/V of log V whatever the model's confidence (README)."""
+    within ~1/V of log V whatever the model's confidence (docs/algorithm.md)."""
     q = released_scores(view).softmax(-1)  # [B, V]
     return -(q * q.clamp_min(1e-9).log()).sum(-1)
 
@@ -673,7 +673,7 @@ class Sampler:
         view = StepView(x, scaled, probs, token, live & state.mixing_on, draws.uniform(COIN, 1)[:, 0], tau,
                         self.embed, self.cand_table, draws)
         mixture = EXPLORERS[x.strategy](view)
-        if x.feed == "replay-only":  # the same record, but the sampled token is fed (README, "--mix-feed")
+        if x.feed == "replay-only":  # the same record, but the sampled token is fed (docs/algorithm.md, "--mix-feed")
             mixture.inputs = self.embed[token]
         record.write(torch.where(live, state.row, record.spare_row),
                      state.length.clamp(max=s.max_new_tokens - 1), token, logprob, mixture)

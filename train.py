@@ -294,7 +294,7 @@ def moved(rollout: Rollout, device) -> Rollout:
 
 
 def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, update_s: float) -> dict:
-    """What metrics.jsonl records of a step (README, "Outputs", defines each field)."""
+    """What metrics.jsonl records of a step (README, "The real run", lists each field)."""
     cfg, rollout = r.cfg, groups.rollout
     per_group = groups.scores.view(-1, cfg.group_size)
     num_tokens = int(rollout.lengths.sum())
@@ -311,7 +311,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         "logp_gap_mean": result.get("logp_gap_mean", 0.0), "logp_gap_max": result.get("logp_gap_max", 0.0),
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
         "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
-        # How different a group's responses are (README, "Is it better?"): answers compared by our checker,
+        # How different a group's responses are (docs/experiments.md): answers compared by our checker,
         # or as strings when the reward is math-verify's or the user's.
         **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size,
                           same=r.pool if cfg.grader == "ours" and not cfg.reward else None),
@@ -641,7 +641,7 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
     """The reference model (when KL is on), the sampler copy and the neighbor table.
 
     Under torchrun the reference is sharded like the policy (bf16 shards on GPU): at 7B that is 1.9 GB per
-    GPU instead of a 15 GB bf16 copy (README, "Several GPUs"). The sampler is an unsharded copy on every
+    GPU instead of a 15 GB bf16 copy (docs/distributed.md). The sampler is an unsharded copy on every
     rank, since each rank decodes its own rows."""
     cfg = r.cfg
     if cfg.kl_coef > 0:

@@ -253,8 +253,8 @@ def bench_grader(args: argparse.Namespace) -> None:
         compare_with_math_verify(args, workers)
 
 
-# The format corpus: each benchmark reference against its own rewritings in the formats of README's
-# "Rewards" (expected equal), near misses (expected unequal), and inside long responses with and without
+# The format corpus: each benchmark reference against its own rewritings in the formats of
+# docs/reward.md (expected equal), near misses (expected unequal), and inside long responses with and without
 # \boxed. Built at run time from ../shared/data's math sets; nothing of them is stored in the repo.
 
 FORMAT_SETS = ("math500", "aime24", "aime25", "amc23")

@@ -135,7 +135,7 @@ ANSWERS = {
         ("(1,2)", "(1,3)", False), ("[1,2)", "[1,2]", False), ("[1,2] \\cup [3,4]", "[1,2] \\cup [3,5]", False),
         ("\\{1, 2\\}", "\\{1, 3\\}", False),
     ],
-    "stated precision (README: a decimal reference states its precision)": [
+    "stated precision (docs/reward.md: a decimal reference states its precision)": [
         ("\\frac{1}{3}", "0.33", True), ("\\pi", "3.14", True), ("\\sqrt{2}", "1.414", True),
         ("0.333333", "\\frac13", True), ("0.0833333333333333", "\\frac{1}{12}", True),
         ("0.3333", "\\frac13", True), ("1.4142", "\\sqrt{2}", True), ("0.66666666", "\\frac{2}{3}", True),
@@ -144,13 +144,13 @@ ANSWERS = {
         ("\\frac{1}{3}", "0.34", False), ("0.3334", "\\frac13", False), ("13.29", "\\frac{3840}{289}", False),
         ("0.6666", "\\frac{2}{3}", False), ("2.31e-3", "\\frac{1}{432}", False),
     ],
-    "units (README: compared when both sides give one; no conversion)": [
+    "units (docs/reward.md: compared when both sides give one; no conversion)": [
         ("5\\text{ cm}", "5", True), ("5", "5\\text{ cm}", True), ("5 centimeters", "5\\text{ cm}", True),
         ("15 \\text{ cm}^2", "15 square centimeters", True), ("125\\textnormal{ miles}", "125 miles", True),
         ("5\\text{ cm}", "5\\text{ m}", False), ("5 m", "5 cm", False), ("15 \\text{ cm}^2", "15 \\text{ cm}", False),
         ("500\\text{ cm}", "5\\text{ m}", False),
     ],
-    "degrees and radians (README: 90^\\circ is 90, not \\pi/2)": [
+    "degrees and radians (docs/reward.md: 90^\\circ is 90, not \\pi/2)": [
         ("90^\\circ", "90", True), ("90°", "90^{\\circ}", True), ("90 degrees", "90^\\circ", True),
         ("\\frac{\\pi}{2}", "\\frac{\\pi}{2}\\text{ radians}", True),
         ("90^\\circ", "\\frac{\\pi}{2}", False), ("\\frac{\\pi}{2}", "90^\\circ", False),
@@ -161,7 +161,7 @@ ANSWERS = {
         ("(1, 30^\\circ)", "(1, 30)", True),
         ("\\sin 30", "\\frac12", False), ("\\cos 60^\\circ", "\\frac{\\sqrt3}{2}", False),
     ],
-    "log base (README: \\log without a base is equal only where equal in every base)": [
+    "log base (docs/reward.md: \\log without a base is equal only where equal in every base)": [
         ("\\log 8", "3\\log 2", True), ("\\log_2 8", "3", True), ("\\ln e^2", "2", True),
         ("\\log(ab)", "\\log a + \\log b", True),
         ("\\log 100", "2", False), ("\\ln 8", "\\log 8", False), ("\\log_{10} 100", "\\log 100", False),

@@ -1,4 +1,4 @@
-"""The GRPO family as flags (README "The GRPO family"): NGRPO's calibrated advantages, clip-higher, the loss
+"""The GRPO family as flags (docs/algorithm.md, "The GRPO family"): NGRPO's calibrated advantages, clip-higher, the loss
 aggregation modes, DAPO's group filter and overlong penalty against numbers worked out by hand in plain
 Python; then short CPU runs of each knob with their logged counters. (The default path's pinned runs are
 in tests/test_regression_pins.py.)"""

@@ -35,7 +35,7 @@ EQUIVALENCE = {
         ("0.1\\overline{6}", "\\frac16", True),
         ("0.33", "\\frac{1}{3}", False),
         ("0.333333", "1/3", True),  # the exact value written out
-        ("0.3333", "1/3", True),  # four places correctly rounded still are (README, "Rewards")
+        ("0.3333", "1/3", True),  # four places correctly rounded still are (docs/reward.md)
         ("0.333", "1/3", False),  # three are a rounding
         ("4.51", "4.5", False),
     ],

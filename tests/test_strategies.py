@@ -169,7 +169,7 @@ def test_entropy_gate_mixes_the_steps_whose_released_entropy_reaches_the_thresho
 
 
 def test_released_entropy_barely_moves_on_a_real_vocabulary():
-    """README's finding: at V = 151,936 (R1-Distill) the gate's entropy is log V to within ~1e-5 for a sure
+    """docs/algorithm.md's finding: at V = 151,936 (R1-Distill) the gate's entropy is log V to within ~1e-5 for a sure
     and for a flat distribution alike, less than fp32's rounding of a sum of V terms (~1e-3): no threshold
     separates confident steps from uncertain ones."""
     V = 151936
