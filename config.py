@@ -55,10 +55,11 @@ class Config:
     explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
                           "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures; the released "
                           "code's others (docs/algorithm.md, 'Exploration strategies'): topk = the top tokens "
-                          "weighted by a second softmax, topk-gumbel = Gumbel-perturbed choice of them, gaussian_embed_noise "
-                          "= topk + Gaussian noise, orthogonal_noise = the greedy token + noise scaled by the "
-                          "other top tokens", ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel",
-                                               "gaussian_embed_noise", "orthogonal_noise"))
+                          "weighted by a second softmax, topk-gumbel = Gumbel-perturbed choice of them, "
+                          "gaussian_embed_noise = topk + Gaussian noise, orthogonal_noise = the greedy token + "
+                          "noise scaled by the other top tokens",
+                          ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel", "gaussian_embed_noise",
+                           "orthogonal_noise"))
     mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
                              "(per sequence, per step)")
     mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
