@@ -553,13 +553,18 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
 
 
 def check_memory(cfg: Config, device: torch.device, world: distributed.World) -> None:
-    """Refuses, before anything is loaded, a run whose memory plan (plan.py: what `--plan` prints) does not fit
-    the device: each GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read
-    is left to load_policy, which says why."""
+    """Refuses, before anything is loaded, a flag the model's vocabulary rules out (--num-neighbors,
+    --soft-top-k), then a run whose memory plan (plan.py: what `--plan` prints) does not fit the device: each
+    GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read is left to
+    load_policy, which says why."""
     try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
         mc = plan.model_config(cfg.model if cfg.model == "tiny" else str(resolve_checkpoint(cfg.model)))
     except Exception:  # a missing or unreadable model, the hub unreachable: load_policy reports it
         return
+    try:  # a flag the vocabulary rules out is the clearer message than the memory it would take
+        cfg.check_vocabulary(mc.vocab_size, cfg.model)
+    except ValueError as error:
+        raise RunError(str(error)) from None
     kind = "cpu" if device.type == "cpu" else "cuda"
     have_gb = torch.cuda.mem_get_info(device)[1] / plan.GIB if kind == "cuda" else plan.default_gpu_gb("cpu")
     memory = plan.plan_memory(cfg, mc, gpus=world.size, gpu_gb=have_gb, device=kind)
