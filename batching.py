@@ -97,6 +97,12 @@ def micro_batches(rollout, cfg, world: World = World()) -> list[tuple[list[int],
     return [(rows, True) for rows in plans[world.rank]] + [([stand_in], False)] * (calls - len(plans[world.rank]))
 
 
+def trimmed(rollout, cfg):
+    """Under a token budget, a micro-batch's rollout cut to its longest response (its log-probs are then
+    computed for those positions only); with fixed rows, the rollout as it is."""
+    return narrowed(rollout, int(rollout.lengths.max())) if cfg.micro_batch_tokens > 0 else rollout
+
+
 def narrowed(rollout, width: int):
     """The rollout with its per-token tensors cut to the first `width` response positions (a micro-batch's
     longest response): its log-probs are then computed for those positions only."""

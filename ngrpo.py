@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 import distributed
-from batching import micro_batches, narrowed
+from batching import micro_batches, trimmed
 from distributed import World
 from draws import normal_from_keys
 
@@ -311,12 +311,10 @@ class Episodes:
         """The rows `index`; under a token budget also cut to their longest response, so that the log-probs
         of a micro-batch of short rows are not computed over the mini-batch's longest."""
         micro = self.rows(index)
-        if cfg.micro_batch_tokens <= 0:
-            return micro
-        width = int(micro.rollout.lengths.max())
+        rollout = trimmed(micro.rollout, cfg)
+        width = rollout.response_ids.shape[1]
         cut = lambda x: None if x is None else x[:, :width]
-        return Episodes(narrowed(micro.rollout, width), micro.advantages, cut(micro.old_logp),
-                        cut(micro.ref_logp), micro.in_loss)
+        return Episodes(rollout, micro.advantages, cut(micro.old_logp), cut(micro.ref_logp), micro.in_loss)
 
     def loss_mask(self) -> torch.Tensor:
         """[N, T] bool: the response tokens that count in the loss."""
@@ -345,9 +343,7 @@ def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor
     bar = tqdm(micro_batches(rollout, cfg, world), desc="replay", leave=False, delay=2, file=sys.stderr,
                disable=None if world.is_main else True)
     for index, real in bar:
-        micro = rollout.select(index)
-        if cfg.micro_batch_tokens > 0:  # log-probs up to this micro-batch's longest response only
-            micro = narrowed(micro, int(micro.lengths.max()))
+        micro = trimmed(rollout.select(index), cfg)  # under a token budget: up to its longest response only
         logp = replay(model, micro, cfg)[0].float()  # [b, T or less]
         logp = F.pad(logp, (0, width - logp.shape[1]))  # [b, T]
         rows += list(zip(index, logp.cpu() if world.distributed else logp)) if real else []  # stand-ins dropped
