@@ -209,8 +209,8 @@ class RewardPool:
     `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start
     on first need and live until close() (or exit). Failures are never silent: `timeouts` counts the checks
     that ran out of time (any grader), `errors` those a user's function failed (it raised, killed its
-    worker, or returned no finite number), `last_error` says the latest; the first one is printed to stderr
-    with its traceback.
+    worker, or returned no finite number), `last_error` says the latest; the first one is printed to
+    stderr with its traceback (the earliest pair of its batch, whichever worker finished first).
 
     grader: "ours" (grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
     or "math-verify" (pip install math-verify). reward_fn: "module:function" or "path/to/file.py:function",
@@ -242,6 +242,7 @@ class RewardPool:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self.errors, self.timeouts, self.last_error = 0, 0, ""
+        self._failures: list[tuple] = []  # (pair index, message, traceback, timed out) of the batch running
         _live_pools.add(self)
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
@@ -288,6 +289,14 @@ class RewardPool:
         return scores
 
     def _run(self, queue: deque, timeout_s: float, scores: list[bool]) -> None:
+        self._failures = []
+        try:
+            self._drain(queue, timeout_s, scores)
+        finally:  # counted in the order of the pairs, not of the racing workers: the same batch prints the same
+            for failure in sorted(self._failures, key=lambda failure: failure[0]):
+                self._count_failure(*failure[1:])
+
+    def _drain(self, queue: deque, timeout_s: float, scores: list[bool]) -> None:
         while len(self._workers) < min(self.num_workers, len(queue)):
             self._start_worker()
         while queue or any(worker.job is not None for worker in self._workers):
@@ -306,7 +315,7 @@ class RewardPool:
             for worker in list(self._workers):
                 if worker.job is not None and now >= worker.deadline:
                     scores[worker.job] = 0.0
-                    self._failed(f"timed out after {timeout_s:g} s", timed_out=True)
+                    self._failed(worker.job, f"timed out after {timeout_s:g} s", timed_out=True)
                     self._replace(worker)
 
     def _dispatch(self, worker: _Worker, index: int, payload, reference: str,
@@ -315,7 +324,7 @@ class RewardPool:
             worker.send(index, payload, reference, timeout_s)
         except OSError:  # it died while idle
             scores[index] = 0.0
-            self._failed(f"its worker process died (exit status {worker.process.poll()})")
+            self._failed(index, f"its worker process died (exit status {worker.process.poll()})")
             self._replace(worker)
 
     def _read(self, worker: _Worker, scores: list[bool]) -> None:
@@ -325,7 +334,7 @@ class RewardPool:
                 raise RuntimeError("a reward worker exited while starting (see its stderr above)")
             if worker.job is not None:
                 scores[worker.job] = 0.0
-                self._failed(f"its worker process died (exit status {worker.process.poll()})")
+                self._failed(worker.job, f"its worker process died (exit status {worker.process.poll()})")
             self._replace(worker)
             return
         for message in messages:
@@ -336,9 +345,13 @@ class RewardPool:
                 scores[job] = score
                 worker.job = None
                 if failure:
-                    self._failed(*failure[0])
+                    self._failed(job, *failure[0])
 
-    def _failed(self, message: str, detail: str = "", timed_out: bool = False) -> None:
+    def _failed(self, index: int, message: str, detail: str = "", timed_out: bool = False) -> None:
+        """Notes that pair `index` of the batch gave no score; counted when the batch ends."""
+        self._failures.append((index, message, detail, timed_out))
+
+    def _count_failure(self, message: str, detail: str = "", timed_out: bool = False) -> None:
         """Counts a check that gave no score; prints the first failure of a user's function in full."""
         name = self.reward_fn or f"grader {self.grader}"
         if self.reward_fn and not self.errors + self.timeouts:

@@ -25,7 +25,8 @@ import os, time
 
 def flaky(response, reference):
     """What can go wrong with a user's reward, chosen by the response."""
-    if response == "raise":
+    if response == "raise":  # slow, so that a later pair's failure comes back first
+        time.sleep(0.3)
         return lookup(response)
     if response == "hang":
         time.sleep(60)
@@ -65,6 +66,7 @@ def metrics_of(out: Path) -> list[dict]:
 
 
 def test_each_way_a_user_reward_fails_is_counted_and_the_first_is_shown(user_rewards, capfd):
+    """The first pair's failure is the one shown, although the second worker's "nan" returns before it."""
     responses = ["raise", "nan", "inf", "none", "text", "hang", "die", "ok"]
     with RewardPool(num_workers=2, timeout_s=1.0, reward_fn=f"{user_rewards}:flaky") as pool:
         scores = pool.score([(response, "1") for response in responses])
