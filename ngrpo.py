@@ -307,11 +307,11 @@ class Episodes:
         return Episodes(self.rollout.select(index), self.advantages[index], pick(self.old_logp),
                         pick(self.ref_logp), pick(self.in_loss))
 
-    def micro_batch(self, index: list[int], cfg) -> "Episodes":
-        """The rows `index`; under a token budget also cut to their longest response, so that the log-probs
-        of a micro-batch of short rows are not computed over the mini-batch's longest."""
+    def micro_batch(self, index: list[int]) -> "Episodes":
+        """The rows `index`, cut to their longest response, so that the log-probs of a micro-batch of short
+        rows are not computed over the mini-batch's longest."""
         micro = self.rows(index)
-        rollout = trimmed(micro.rollout, cfg)
+        rollout = trimmed(micro.rollout)
         width = rollout.response_ids.shape[1]
         cut = lambda x: None if x is None else x[:, :width]
         return Episodes(rollout, micro.advantages, cut(micro.old_logp), cut(micro.ref_logp), micro.in_loss)
@@ -343,7 +343,7 @@ def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor
     bar = tqdm(micro_batches(rollout, cfg, world), desc="replay", leave=False, delay=2, file=sys.stderr,
                disable=None if world.is_main else True)
     for index, real in bar:
-        micro = trimmed(rollout.select(index), cfg)  # under a token budget: up to its longest response only
+        micro = trimmed(rollout.select(index))  # up to its longest response only
         logp = replay(model, micro, cfg)[0].float()  # [b, T or less]
         logp = F.pad(logp, (0, width - logp.shape[1]))  # [b, T]
         rows += list(zip(index, logp.cpu() if world.distributed else logp)) if real else []  # stand-ins dropped
@@ -391,7 +391,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     totals: dict[str, float] = {}
     entropy_sum, finite, gap_sum, gap_max = 0.0, True, 0.0, 0.0
     for index, real in micro_batches(episodes.rollout, cfg, world):
-        micro = episodes.micro_batch(index, cfg)
+        micro = episodes.micro_batch(index)
         logp, entropy = replay(model, micro.rollout, cfg)
         mask = micro.loss_mask().to(device) & real  # a stand-in counts for nothing
         if micro.old_logp is None:  # on-policy: the sampled weights are these, so ratio = 1 with its gradient
@@ -447,6 +447,7 @@ def optimize(policy, optimizer, episodes: Episodes, cfg, world: World = World())
         result["grad_norm"] = float(grad_norm)
         for key, value in result.items():
             update.setdefault(key, []).append(value)
+    optimizer.zero_grad(set_to_none=True)  # the gradients are not held through the next rollouts
     return update, skipped
 
 

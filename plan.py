@@ -259,7 +259,7 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     kept = lambda name, n: Row(name, n, n)  # held through both phases
     plan_rows = [
         kept(f"fp32 weights{share}", 4 * params.total // gpus),
-        kept(f"fp32 gradients{share}", 4 * trainable // gpus),
+        Row(f"fp32 gradients{share}", 0, 4 * trainable // gpus),  # freed when the update ends
         kept(f"AdamW moments, fp32 x 2{share}", 8 * trainable // gpus),
     ]
     if device == "cuda" or sharded:

@@ -446,3 +446,16 @@ def test_update_is_on_policy_only_for_one_step_on_the_sampled_weights(tiny, monk
                                        cfg(group_size=2, prompts_per_step=2, kl_coef=0.0, **overrides))
         assert not skipped and "logp_gap_max" in result
     assert seen == [True, False, False]
+
+
+def test_an_update_frees_the_gradients_it_made(tiny):
+    """.grad is not held through the next rollouts (plan.py counts the gradients in the update phase only)."""
+    model, _ = tiny
+    rollout = generate(model, PROMPTS[:4], Sampling(max_new_tokens=8, stop_ids=STOP_IDS), seed=1)
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in trained.parameters()]
+    ngrpo.update(trained, None, optimizer, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]),
+                 cfg(group_size=2, prompts_per_step=2, mini_batch_prompts=1, kl_coef=0.0))
+    assert any(not torch.equal(p, b) for p, b in zip(trained.parameters(), before))  # it did step
+    assert all(p.grad is None for p in trained.parameters())

@@ -60,7 +60,8 @@ def test_sharded_state_divides_by_the_gpus_and_the_sampler_does_not():
     rows = rows_of(plan.plan_memory(small_cfg(freeze_embeddings=True), SMALL, gpus=4, device="cuda"))
     trainable = SMALL_PARAMS - 64_000  # the input embedding frozen
     assert rows["fp32 weights"].rollout == 4 * SMALL_PARAMS // 4
-    assert rows["fp32 gradients"].rollout == 4 * trainable // 4
+    assert rows["fp32 gradients"].update == 4 * trainable // 4
+    assert rows["fp32 gradients"].rollout == 0  # freed when the update ends (ngrpo.optimize)
     assert rows["AdamW moments"].rollout == 8 * trainable // 4
     assert rows["reference model"].rollout == 2 * SMALL_PARAMS // 4  # sharded like the policy
     assert rows["sampler copy"].rollout == 2 * SMALL_PARAMS  # each rank decodes with a whole bf16 copy
