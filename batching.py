@@ -97,10 +97,10 @@ def micro_batches(rollout, cfg, world: World = World()) -> list[tuple[list[int],
     return [(rows, True) for rows in plans[world.rank]] + [([stand_in], False)] * (calls - len(plans[world.rank]))
 
 
-def trimmed(rollout, cfg):
-    """Under a token budget, a micro-batch's rollout cut to its longest response (its log-probs are then
-    computed for those positions only); with fixed rows, the rollout as it is."""
-    return narrowed(rollout, int(rollout.lengths.max())) if cfg.micro_batch_tokens > 0 else rollout
+def trimmed(rollout):
+    """A micro-batch's rollout cut to its longest response, its log-probs then computed for those positions
+    only (causal attention: the positions cut off change nothing before them)."""
+    return narrowed(rollout, max(int(rollout.lengths.max()), 1))
 
 
 def narrowed(rollout, width: int):

@@ -97,6 +97,39 @@ def test_replayed_logprobs_under_a_token_budget_equal_the_fixed_rows(tiny):
     assert (got - expected)[mask].abs().max() < 1e-5
 
 
+def widths_replayed(monkeypatch) -> list[int]:
+    """Records the response width of every micro-batch ngrpo.replay computes."""
+    widths, real = [], ngrpo.replay
+    monkeypatch.setattr(ngrpo, "replay", lambda model, rollout, *a, **k: widths.append(
+        rollout.response_ids.shape[1]) or real(model, rollout, *a, **k))
+    return widths
+
+
+def test_fixed_row_micro_batches_replay_only_up_to_their_longest_response(tiny, monkeypatch):
+    """Against one forward over every row at the full width (the reference holds a row truncated at the limit)."""
+    model, rollout = tiny
+    expected = ngrpo.replay(model, rollout, cfg())[0]
+    widths = widths_replayed(monkeypatch)
+    got = ngrpo.replay_logprobs(model, rollout, cfg(micro_batch_size=2))
+    longest = [int(rollout.lengths[i:i + 2].max()) for i in range(0, len(PROMPTS), 2)]
+    assert widths == longest and min(widths) < rollout.response_ids.shape[1]
+    mask = rollout.response_mask()
+    assert (got - expected)[mask].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGG)
+def test_fixed_row_gradient_equals_the_whole_mini_batch_gradient(tiny, loss_agg, monkeypatch):
+    model, rollout = tiny
+    episodes = episodes_of(rollout, in_loss=loss_agg == "token-mean")
+    reference, expected = gradient(model, episodes, cfg(loss_agg=loss_agg, micro_batch_size=len(PROMPTS)))
+    widths = widths_replayed(monkeypatch)
+    metrics, grads = gradient(model, episodes, cfg(loss_agg=loss_agg, micro_batch_size=2))
+    assert min(widths) < rollout.response_ids.shape[1]  # some micro-batches were cut
+    assert_same_gradient(grads, expected)
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
 def test_update_with_a_token_budget_gives_the_same_weights_and_metrics(tiny):
     """ngrpo.update end to end: reference replay, two mini-batches (so the old policy is replayed too), AdamW."""
     model, rollout = tiny
