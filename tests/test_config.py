@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from config import Config, build_parser, parse_config, preset
-from rollout import STRATEGIES, exploration_from_config
+from rollout import exploration_from_config
+from strategies import STRATEGIES
 
 # The design document, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B
 # (freeze_embeddings: the released runs' FSDP artifact, which the paper presets reproduce: tests/test_fidelity.py).
