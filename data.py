@@ -15,6 +15,7 @@ import hashlib
 import json
 import random
 import re
+import sys
 from pathlib import Path
 
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -70,13 +71,40 @@ def tiny_tokenizer():
                                    chat_template=TINY_CHAT_TEMPLATE)
 
 
+ROUND_TRIP_PROBE = "What is 1+1?\nLet's think step by step: 1 + 1 = 2."
+
+
+def round_trips(tokenizer) -> bool:
+    """Whether the tokenizer decodes what it encodes back to the same plain text (spaces included)."""
+    return tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False)) == ROUND_TRIP_PROBE
+
+
 def load_tokenizer(name_or_path: str):
-    """'tiny' -> the built-in tokenizer; anything else through transformers' AutoTokenizer."""
+    """'tiny' -> the built-in tokenizer; anything else through transformers' AutoTokenizer, checked to give
+    back the text it encodes. transformers 5.x before ~5.2x loads a byte-level tokenizer.json whose
+    tokenizer_config names LlamaTokenizerFast (DeepSeek-R1-Distill-Qwen's does) with a SentencePiece pipeline
+    that drops every space from the prompts (huggingface/transformers#45488); such a tokenizer is loaded
+    again as the generic PreTrainedTokenizerFast, which follows tokenizer.json (same ids as transformers 4)."""
     if name_or_path == "tiny":
         return tiny_tokenizer()
-    from transformers import AutoTokenizer
+    import transformers
 
-    return AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    if round_trips(tokenizer):
+        return tokenizer
+    try:
+        generic = transformers.PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    except (OSError, ValueError):  # no tokenizer.json to follow
+        generic = None
+    if generic is not None and round_trips(generic):
+        print(f"note: {name_or_path}: transformers {transformers.__version__} loads it as {type(tokenizer).__name__}, "
+              "which drops or changes text; loaded as PreTrainedTokenizerFast, following its tokenizer.json",
+              file=sys.stderr)
+        return generic
+    decoded = tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False))
+    raise ValueError(f"the tokenizer of {name_or_path} does not give back the text it encodes ({ROUND_TRIP_PROBE!r} "
+                     f"-> {decoded!r}) under transformers {transformers.__version__}, whether loaded by AutoTokenizer "
+                     "or as PreTrainedTokenizerFast; prompts would not say what the data says")
 
 
 # ----------------------------------------------------------------------------- prompts

@@ -259,6 +259,44 @@ def test_r1_tokenizer_renders_the_paper_prompt(shared_data):
     assert tokenizer.encode("</think>", add_special_tokens=False) == [151649]
 
 
+def space_dropping(path):
+    """The R1 tokenizer as transformers 5.x before ~5.2x loads it (huggingface/transformers#45488): tokenizer.json's
+    byte-level pipeline replaced by LlamaTokenizer's SentencePiece one, which drops every space."""
+    from tokenizers import decoders, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False)
+    tokenizer.backend_tokenizer.decoder = decoders.Metaspace(replacement="\u2581")
+    return tokenizer
+
+
+def test_a_tokenizer_that_drops_spaces_is_loaded_again_from_its_tokenizer_json(shared_data, monkeypatch, capsys):
+    import tokenizers
+    import transformers
+
+    path = str(shared_data / R1_TOKENIZER)
+    broken = space_dropping(path)
+    assert broken.decode(broken.encode("a b", add_special_tokens=False)) != "a b"  # the fault is reproduced
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: space_dropping(path))
+    tokenizer = data.load_tokenizer(path)
+    text = "Let's think step by step: 12 + 30 = 42.\n\\boxed{42}"
+    reference = tokenizers.Tokenizer.from_file(str(shared_data / R1_TOKENIZER / "tokenizer.json"))
+    assert tokenizer.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False).ids
+    assert data.encode_prompt(tokenizer, data.math_prompt("What is 1+1?"))[-3:] == [151645, 151648, 198]
+    assert "loaded as PreTrainedTokenizerFast" in capsys.readouterr().err
+
+
+def test_a_tokenizer_that_cannot_give_back_its_text_is_refused(shared_data, monkeypatch):
+    import transformers
+
+    broken = space_dropping(str(shared_data / R1_TOKENIZER))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: broken)
+    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, "from_pretrained", lambda *args, **kwargs: broken)
+    with pytest.raises(ValueError, match="does not give back the text it encodes"):
+        data.load_tokenizer(str(shared_data / R1_TOKENIZER))
+
+
 def test_training_prompts_drop_the_final_period():
     assert data.math_prompt("Find x.", final_period=False) == (
         "Find x. Let's think step by step and output the final answer within \\boxed{}")
