@@ -13,6 +13,7 @@ The built-in `tiny` tokenizer (bytes + the DeepSeek chat tokens) lets all of thi
 
 import hashlib
 import json
+import os
 import random
 import re
 import sys
@@ -97,9 +98,10 @@ def load_tokenizer(name_or_path: str):
     except (OSError, ValueError):  # no tokenizer.json to follow
         generic = None
     if generic is not None and round_trips(generic):
-        print(f"note: {name_or_path}: transformers {transformers.__version__} loads it as {type(tokenizer).__name__}, "
-              "which drops or changes text; loaded as PreTrainedTokenizerFast, following its tokenizer.json",
-              file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # once per job under torchrun
+            print(f"note: {name_or_path}: transformers {transformers.__version__} loads it as "
+                  f"{type(tokenizer).__name__}, which drops or changes text; loaded as PreTrainedTokenizerFast, "
+                  "following its tokenizer.json", file=sys.stderr)
         return generic
     decoded = tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False))
     raise ValueError(f"the tokenizer of {name_or_path} does not give back the text it encodes ({ROUND_TRIP_PROBE!r} "
