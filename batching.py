@@ -98,13 +98,8 @@ def micro_batches(rollout, cfg, world: World = World()) -> list[tuple[list[int],
 
 
 def trimmed(rollout):
-    """A micro-batch's rollout cut to its longest response, its log-probs then computed for those positions
-    only (causal attention: the positions cut off change nothing before them)."""
-    return narrowed(rollout, max(int(rollout.lengths.max()), 1))
-
-
-def narrowed(rollout, width: int):
-    """The rollout with its per-token tensors cut to the first `width` response positions (a micro-batch's
-    longest response): its log-probs are then computed for those positions only."""
+    """A micro-batch's rollout with its per-token tensors cut to its longest response, its log-probs then
+    computed for those positions only (causal attention: the positions cut off change nothing before them)."""
+    width = max(int(rollout.lengths.max()), 1)
     return replace(rollout, **{name: value[:, :width] for name, value in vars(rollout).items()
                                if hasattr(value, "dim") and value.dim() > 1})

@@ -75,9 +75,10 @@ def tiny_tokenizer():
 ROUND_TRIP_PROBE = "What is 1+1?\nLet's think step by step: 1 + 1 = 2."
 
 
-def round_trips(tokenizer) -> bool:
-    """Whether the tokenizer decodes what it encodes back to the same plain text (spaces included)."""
-    return tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False)) == ROUND_TRIP_PROBE
+def round_trip(tokenizer) -> str:
+    """ROUND_TRIP_PROBE encoded and decoded again: the probe itself when the tokenizer keeps text (spaces
+    included)."""
+    return tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False))
 
 
 def load_tokenizer(name_or_path: str):
@@ -91,19 +92,19 @@ def load_tokenizer(name_or_path: str):
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
-    if round_trips(tokenizer):
+    decoded = round_trip(tokenizer)
+    if decoded == ROUND_TRIP_PROBE:
         return tokenizer
     try:
         generic = transformers.PreTrainedTokenizerFast.from_pretrained(name_or_path)
     except (OSError, ValueError):  # no tokenizer.json to follow
         generic = None
-    if generic is not None and round_trips(generic):
+    if generic is not None and round_trip(generic) == ROUND_TRIP_PROBE:
         if os.environ.get("RANK", "0") == "0":  # once per job under torchrun
             print(f"note: {name_or_path}: transformers {transformers.__version__} loads it as "
                   f"{type(tokenizer).__name__}, which drops or changes text; loaded as PreTrainedTokenizerFast, "
                   "following its tokenizer.json", file=sys.stderr)
         return generic
-    decoded = tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False))
     raise ValueError(f"the tokenizer of {name_or_path} does not give back the text it encodes ({ROUND_TRIP_PROBE!r} "
                      f"-> {decoded!r}) under transformers {transformers.__version__}, whether loaded by AutoTokenizer "
                      "or as PreTrainedTokenizerFast; prompts would not say what the data says")

@@ -300,16 +300,12 @@ def dealt_batches(num_items: int, batch_size: int, world: World) -> list[tuple[l
 def gather_dealt(local_results: list, num_items: int, world: World) -> list:
     """The results of every rank's `deal` share, on every rank, in item order (item i is rank i % W's
     (i // W)-th result). Results are any picklable objects (CPU tensors included)."""
-    if not world.distributed:
-        return list(local_results)
-    parts = [None] * world.size
-    dist.all_gather_object(parts, list(local_results))
-    return [parts[i % world.size][i // world.size] for i in range(num_items)]
+    return gather_indexed(list(zip(deal(num_items, world), local_results)), num_items, world)
 
 
 def gather_indexed(local_results: list[tuple[int, object]], num_items: int, world: World) -> list:
     """Results of items 0..num_items-1 given as (item, result) pairs, each item by exactly one rank, on every
-    rank in item order: what `gather_dealt` does for any assignment of items to ranks."""
+    rank in item order (any assignment of items to ranks; `gather_dealt` is the round-robin one)."""
     parts = [list(local_results)]
     if world.distributed:
         parts = [None] * world.size
