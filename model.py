@@ -192,7 +192,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         # One decode step: fold the query heads of each KV group into the query axis, so the cache is
         # read as it is instead of copied `groups` times. Head h uses KV head h // groups, as in HF.
         out = F.scaled_dot_product_attention(q.view(B, -1, groups, D), k, v, attn_mask=mask)
-        return out.view(B, H, 1, D)
+        # reshape, not view: CUDA's fp32 kernel returns [B, Hkv, groups, D] in a layout a view cannot fold.
+        return out.reshape(B, H, 1, D)
     # A masked block of queries (left-padded batches): the kernels that take a mask do not all take
     # grouped heads, so K and V are expanded here.
     k = k.repeat_interleave(groups, dim=1)

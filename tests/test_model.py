@@ -175,6 +175,28 @@ def test_fixed_shape_decode_step_matches_full_forward(pair):
 
 
 @torch.no_grad()
+def test_decode_step_takes_the_attention_output_in_any_memory_layout(pair, monkeypatch):
+    """CUDA's fp32 attention kernel returns its output with the head axes strided (not contiguous); the
+    decode step must not assume the layout the CPU kernel happens to return (it did: `.view` failed on an
+    H200). Here the kernel's output is handed back in such a layout, and the step still equals transformers."""
+    hf, ours, _ = pair
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def strided(*args, **kwargs):  # same values, heads and groups transposed in memory
+        out = sdpa(*args, **kwargs)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(M.F, "scaled_dot_product_attention", strided)
+    ids = torch.randint(0, 101, (2, 6), generator=torch.Generator().manual_seed(3))
+    expected = hf(ids).logits
+    cache = ours.new_cache(2, 8)
+    ours.forward_hidden(ids[:, :5], cache=cache, cache_pos=0)
+    positions = torch.full((2,), 5)
+    logits = ours(ids[:, 5:6], positions=positions[:, None], cache=cache, cache_pos=positions, window=8)
+    assert (logits[:, 0] - expected[:, 5]).abs().max() < TOL
+
+
+@torch.no_grad()
 def test_per_row_cache_positions_match_each_rows_full_forward(pair):
     """The refill engine's step: unpadded rows of different lengths, each prefilled into its own slot
     (right-padded, causal), then decoding at its own position over a window of the cache. Slots past a
