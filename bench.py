@@ -2,6 +2,7 @@
 
     python bench.py grader              # the reward checker (reward.py) on a realistic answer mix
     python bench.py rollout             # the sampler (rollout.py) against transformers' generate
+    python bench.py rollout-grid        # on a GPU: the sampler at the real shape against its memory floor (issue 28)
     python bench.py train               # the training log-prob path (ngrpo.py) against full logits
     python bench.py neighbors           # the neighbor table (neighbors.py); --device cuda: the 1.5B shape
     python bench.py trl                 # a GRPO step of ours beside TRL's GRPOTrainer (pip install trl)
@@ -14,14 +15,14 @@ Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that 
 import argparse
 import importlib
 
-BENCHMARKS = ("grader", "rollout", "neighbors", "train", "trl", "rehearsal")
+BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="benchmark", required=True)
     for name in BENCHMARKS:
-        importlib.import_module(f"benchmarks.{name}").add_parser(subparsers)
+        importlib.import_module(f"benchmarks.{name.replace('-', '_')}").add_parser(subparsers)
     args = parser.parse_args()
     args.run(args)
 

@@ -32,6 +32,9 @@ TOLERANCE = 0.25
 # Phases the plan puts under this are reported but not held to TOLERANCE: there fixed costs the plan leaves out
 # (the tokenizer, Python objects, kernel workspaces: tens of MB) are as large as what it counts.
 COMPARED_FROM_MB = 256
+# What the rehearsal reprints from each step's metrics.jsonl line: the sampler-vs-replay gap and the timings.
+LOGGED = ("step", "logp_gap_mean", "logp_gap_max", "mix_rate", "response_len_mean", "skipped_minibatches",
+          "rollout_s", "rollout_tokens_per_s", "update_s", "update_tokens_per_s", "step_s")
 
 
 class Meter:
@@ -212,8 +215,15 @@ def rehearse(args) -> None:
     link = work / "run" / "neighbors"
     if not link.exists():
         link.symlink_to(cache.resolve())
-    train.run(cfg)
-    train.run(run_config(args, checkpoint, work / "run", max_steps=2, resume=True))
+    if args.no_resume:  # one run of two steps: a checkpoint written once, never read back (a GPU call's budget)
+        train.run(run_config(args, checkpoint, work / "run", max_steps=2, save_every=0))
+    else:
+        train.run(cfg)
+        train.run(run_config(args, checkpoint, work / "run", max_steps=2, resume=True))
+    for line in (work / "run" / "metrics.jsonl").read_text().splitlines():  # what the log says of each step
+        metrics = json.loads(line)
+        emit({"bench": "rehearsal", "phase": "metrics", "device": args.device,
+              **{key: metrics[key] for key in LOGGED if key in metrics}})
     latest = train.checkpoint_dirs(work / "run")[-1]
     with meter.phase("eval_one_problem"):
         evaluation.main(["--model", str(latest), "--tokenizer", str(TOKENIZER), "--benchmarks", str(MATH500),
@@ -259,5 +269,7 @@ def add_parser(subparsers) -> None:
                            "against the plan's GPU rows (.ci/gpu-checks, full depth)")
     rehearsal.add_argument("--work-dir", default=str(ROOT / "runs" / "rehearsal"),
                            help="the random checkpoint, the neighbor table cache, the runs (kept between runs)")
+    rehearsal.add_argument("--no-resume", action="store_true", help="one run of two steps instead of a step, a "
+                           "resume and a step: one checkpoint write and no read (a GPU call's time)")
     rehearsal.add_argument("--inner", action="store_true", help="internal: the measured process")
     rehearsal.set_defaults(run=bench_rehearsal)

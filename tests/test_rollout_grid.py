@@ -1,0 +1,68 @@
+"""The GPU rollout grid's arithmetic (benchmarks/rollout_grid.py): the memory floor of a decode step, counted
+by hand from the architecture, and the budget that skips what would not fit instead of starting it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks import rollout_grid
+from benchmarks.common import SHARED_DATA
+from model import ModelConfig, Transformer, random_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hand_count_bytes(cfg: ModelConfig, batch: int, window: int, element: int) -> int:
+    """Weights read by one decode step (every matrix and vector but the input embedding, of which only the
+    batch's rows), K and V of the window, fp32 logits written; from the config alone."""
+    d, ffn = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * ffn + 2 * d  # q, k, v, o, gate / up / down, two norms
+    per_layer += (q + 2 * kv) if cfg.qkv_bias else 0
+    per_layer += 2 * cfg.head_dim if cfg.qk_norm else 0
+    weights = cfg.num_layers * per_layer + d  # + the final norm
+    weights += d * batch if cfg.tie_word_embeddings else cfg.vocab_size * d + d * batch
+    cache = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * batch * window
+    return (weights + cache) * element + batch * cfg.vocab_size * 4
+
+
+def test_the_decode_floor_counts_what_a_step_must_move():
+    cfg = ModelConfig(family="qwen2", vocab_size=1000, hidden_size=64, intermediate_size=96, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True)
+    model = random_model(cfg, dtype=torch.bfloat16, seed=0)
+    got = rollout_grid.step_bytes(model, batch=8, window=128)
+    assert got["total"] == hand_count_bytes(cfg, 8, 128, 2)
+    assert got["kv"] == 3 * 2 * 2 * 16 * 8 * 128 * 2
+
+
+def test_the_real_shapes_floor_is_the_1_5b_without_its_input_embedding():
+    path = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-1.5B" / "config.json"
+    if not path.is_file():
+        import pytest
+
+        pytest.skip("../shared/data is not present")
+    cfg = ModelConfig.from_hf(json.loads(path.read_text()))
+    with torch.device("meta"):  # shapes only: 1.78 B parameters never allocated
+        model = Transformer(cfg).to(torch.bfloat16)
+    got = rollout_grid.step_bytes(model, batch=64, window=512)
+    assert got["total"] == hand_count_bytes(cfg, 64, 512, 2)
+    # 1.78 B parameters, of which 0.23 B the input embedding: ~3.09 GB of weights read per step in bf16.
+    assert 3.0e9 < got["weights"] < 3.2e9
+
+
+def test_the_grid_skips_what_its_budget_cannot_fit_and_says_so():
+    command = [sys.executable, "bench.py", "rollout-grid", "--device", "cpu", "--shape", "tiny",
+               "--prompt-len", "8", "--configs", "2x8x1", "2x1000000x1", "--impls", "ours,transformers",
+               "--skip-steps", "--copy-gib", "0.01", "--budget-s", "60"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    lines = [json.loads(line) for line in out.splitlines()]
+    measured = {(r["new_tokens"], r["impl"]) for r in lines if "tokens_per_s" in r}
+    skipped = {(r["new_tokens"], r["impl"]) for r in lines if "skipped" in r}
+    assert measured == {(8, "ours"), (8, "transformers")}
+    # A million steps at the seconds per step of the 8-token run do not fit the time left: neither is started.
+    assert skipped == {(1000000, "ours"), (1000000, "transformers")}
