@@ -81,6 +81,9 @@ def round_trip(tokenizer) -> str:
     return tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False))
 
 
+_NOTED: set[str] = set()  # tokenizers load_tokenizer has said it reloaded (a run loads one several times)
+
+
 def load_tokenizer(name_or_path: str):
     """'tiny' -> the built-in tokenizer; anything else through transformers' AutoTokenizer, checked to give
     back the text it encodes. transformers 5.x before ~5.2x loads a byte-level tokenizer.json whose
@@ -100,7 +103,8 @@ def load_tokenizer(name_or_path: str):
     except (OSError, ValueError):  # no tokenizer.json to follow
         generic = None
     if generic is not None and round_trip(generic) == ROUND_TRIP_PROBE:
-        if os.environ.get("RANK", "0") == "0":  # once per job under torchrun
+        if os.environ.get("RANK", "0") == "0" and name_or_path not in _NOTED:  # once per path and job
+            _NOTED.add(name_or_path)
             print(f"note: {name_or_path}: transformers {transformers.__version__} loads it as "
                   f"{type(tokenizer).__name__}, which drops or changes text; loaded as PreTrainedTokenizerFast, "
                   "following its tokenizer.json", file=sys.stderr)

@@ -279,12 +279,15 @@ def test_a_tokenizer_that_drops_spaces_is_loaded_again_from_its_tokenizer_json(s
     broken = space_dropping(path)
     assert broken.decode(broken.encode("a b", add_special_tokens=False)) != "a b"  # the fault is reproduced
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: space_dropping(path))
+    monkeypatch.setattr(data, "_NOTED", set())
     tokenizer = data.load_tokenizer(path)
     text = "Let's think step by step: 12 + 30 = 42.\n\\boxed{42}"
     reference = tokenizers.Tokenizer.from_file(str(shared_data / R1_TOKENIZER / "tokenizer.json"))
     assert tokenizer.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False).ids
     assert data.encode_prompt(tokenizer, data.math_prompt("What is 1+1?"))[-3:] == [151645, 151648, 198]
     assert "loaded as PreTrainedTokenizerFast" in capsys.readouterr().err
+    data.load_tokenizer(path)  # a run loads its tokenizer several times (policy, checks, eval): one note
+    assert "loaded as PreTrainedTokenizerFast" not in capsys.readouterr().err
 
 
 def test_a_tokenizer_that_cannot_give_back_its_text_is_refused(shared_data, monkeypatch):
