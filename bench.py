@@ -7,6 +7,7 @@
     python bench.py neighbors           # the neighbor table (neighbors.py); --device cuda: the 1.5B shape
     python bench.py trl                 # a GRPO step of ours beside TRL's GRPOTrainer (pip install trl)
     python bench.py rehearsal           # the 1.5B shape end to end on the CPU, memory against train.py --plan
+    python bench.py manifest            # hashing a checkpoint: block digests on every core vs one stream per file
 
 Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that registers its subcommand
 (and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only the entry.
@@ -15,7 +16,7 @@ Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that 
 import argparse
 import importlib
 
-BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal")
+BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal", "manifest")
 
 
 def main() -> None:

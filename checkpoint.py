@@ -10,9 +10,9 @@ that checks out, and says which it skipped and why:
     write_manifest(tmp)                      # after every other file of the checkpoint is written
     found, skipped = newest_intact(checkpoint_dirs(out_dir))   # skipped: ["step-3: optimizer.pt has 12 ..."]
 
-Hashing reads the checkpoint once more when it is written and once when it is resumed (1.5B: ~18 GB of
-weights and AdamW state, seconds at SHA-256's GB/s); sizes are compared first, so a truncated file is found
-without hashing anything.
+Hashing reads the checkpoint once more when it is written and once when it is resumed (1.5B: ~21 GB of
+weights and AdamW state), in blocks hashed on every core (`tree_digests`); sizes are compared first, so a
+truncated file is found without hashing anything.
 """
 
 import hashlib
@@ -36,18 +36,52 @@ MANIFEST = "manifest.json"
 REQUIRED = ("trainer_state.pt", "optimizer.pt", "config.json.run")
 
 
-def sha256_of(path: Path) -> str:
+# Files are hashed in blocks, all blocks of a checkpoint in parallel threads (reads and hashlib release the
+# GIL): one SHA-256 stream runs at ~1 GB/s on one core, ~20 s for a 1.5B checkpoint and ~90 s for a 7B, each
+# write and each resume. A file's digest is the SHA-256 of its blocks' SHA-256 digests, concatenated in order.
+BLOCK_BYTES = 64 << 20
+READ_BYTES = 16 << 20  # what one thread holds at a time
+
+
+def _block_digest(path: Path, start: int, size: int) -> bytes:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
+        for offset in range(start, start + size, READ_BYTES):
+            digest.update(os.pread(f.fileno(), min(READ_BYTES, start + size - offset), offset))
+    return digest.digest()
+
+
+def tree_digests(paths: list[Path], block_bytes: int = BLOCK_BYTES) -> list[str]:
+    """Each file's SHA-256 over its blocks' SHA-256 digests, every block of every file hashed in a thread pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sizes = [p.stat().st_size for p in paths]
+    jobs = [(i, start, min(block_bytes, size - start)) for i, size in enumerate(sizes)
+            for start in range(0, size, block_bytes)]
+    with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
+        blocks = list(pool.map(lambda job: _block_digest(paths[job[0]], job[1], job[2]), jobs))
+    joined = [b"" for _ in paths]
+    for (i, _, _), block in zip(jobs, blocks):
+        joined[i] += block
+    return [hashlib.sha256(j).hexdigest() for j in joined]
+
+
+def sha256_of(path: Path) -> str:
+    """The whole file's SHA-256 (one stream): how manifests written before tree digests record a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(READ_BYTES), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
 def write_manifest(directory: Path) -> None:
-    """OUT/checkpoints/.step-N-*/manifest.json: {relative path: {"bytes": size, "sha256": hex}} of every file."""
+    """OUT/checkpoints/.step-N-*/manifest.json: {relative path: {"bytes": size, "sha256_tree": hex, "block_bytes":
+    BLOCK_BYTES}} of every file (see tree_digests)."""
     files = sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name != MANIFEST)
-    record = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_of(p)} for p in files}
+    record = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256_tree": digest,
+                                              "block_bytes": BLOCK_BYTES}
+              for p, digest in zip(files, tree_digests(files, BLOCK_BYTES))}
     (Path(directory) / MANIFEST).write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -71,8 +105,24 @@ def damage(directory: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, {size} were written"
-    for name, entry in record.items():
-        if sha256_of(Path(directory) / name) != entry["sha256"]:
+    try:
+        trees = {name: (entry["sha256_tree"], int(entry["block_bytes"])) for name, entry in record.items()
+                 if "sha256_tree" in entry}
+        whole = {name: entry["sha256"] for name, entry in record.items() if "sha256_tree" not in entry}
+        if any(block_bytes <= 0 for _, block_bytes in trees.values()):
+            raise ValueError("block_bytes")
+    except (KeyError, TypeError, ValueError):
+        return f"{MANIFEST} is unreadable"
+    by_block = {}  # block size -> names (every manifest this code writes has one)
+    for name, (_, block_bytes) in trees.items():
+        by_block.setdefault(block_bytes, []).append(name)
+    found = {}
+    for block_bytes, names in by_block.items():
+        found.update(zip(names, tree_digests([Path(directory) / n for n in names], block_bytes)))
+    found.update((name, sha256_of(Path(directory) / name)) for name in whole)  # a manifest from before trees
+    expected = {**{name: digest for name, (digest, _) in trees.items()}, **whole}
+    for name in record:
+        if found[name] != expected[name]:
             return f"{name} is not what was written (its SHA-256 differs)"
     return None
 

@@ -4,6 +4,7 @@ about the command line (subprocesses, signals, truncated files, a small tmpfs) a
 user sees (exit status, the one line printed) and what is on disk."""
 
 import errno
+import hashlib
 import json
 import os
 import shlex
@@ -100,9 +101,11 @@ def test_a_reward_that_always_fails_stops_the_run_naming_it(tmp_path, user_rewar
 # ----------------------------------------------------------------------------- 2. resume past damage
 
 
-def test_a_manifest_catches_a_truncated_a_missing_and_a_changed_file(tmp_path):
+def test_a_manifest_catches_a_truncated_a_missing_and_a_changed_file(tmp_path, monkeypatch):
+    import checkpoint
     from checkpoint import damage, write_manifest
 
+    monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 1024)  # several blocks per file, hashed in parallel
     ckpt = tmp_path / "step-1"
     ckpt.mkdir()
     for name, size in (("optimizer.pt", 3000), ("trainer_state.pt", 100), ("model.safetensors", 5000)):
@@ -119,6 +122,37 @@ def test_a_manifest_catches_a_truncated_a_missing_and_a_changed_file(tmp_path):
     assert damage(ckpt) == "trainer_state.pt is missing"
     (ckpt / "manifest.json").unlink()  # a checkpoint from before manifests: presence and size only
     assert damage(ckpt) == "trainer_state.pt is missing or empty"
+
+
+def test_a_files_digest_is_the_sha256_of_its_blocks_sha256s(tmp_path, monkeypatch):
+    """The manifest's digests against hashlib by hand: blocks of 1,000 bytes (the last one short), their
+    SHA-256s concatenated in order, hashed again; an empty file is the SHA-256 of nothing."""
+    import checkpoint
+
+    monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(checkpoint, "READ_BYTES", 300)  # reads that do not line up with blocks
+    contents = {"a.pt": os.urandom(3500), "b.bin": os.urandom(1000), "empty": b""}
+    for name, data in contents.items():
+        (tmp_path / name).write_bytes(data)
+    checkpoint.write_manifest(tmp_path)
+    record = json.loads((tmp_path / "manifest.json").read_text())
+    for name, data in contents.items():
+        blocks = b"".join(hashlib.sha256(data[i:i + 1000]).digest() for i in range(0, len(data), 1000))
+        assert record[name] == {"bytes": len(data), "sha256_tree": hashlib.sha256(blocks).hexdigest(),
+                                "block_bytes": 1000}
+
+
+def test_a_manifest_written_before_block_digests_is_still_checked(tmp_path):
+    """Checkpoints written by the previous version record each file's whole-file SHA-256."""
+    from checkpoint import damage
+
+    data = os.urandom(5000)
+    (tmp_path / "optimizer.pt").write_bytes(data)
+    manifest = {"optimizer.pt": {"bytes": 5000, "sha256": hashlib.sha256(data).hexdigest()}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert damage(tmp_path) is None
+    (tmp_path / "optimizer.pt").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert damage(tmp_path) == "optimizer.pt is not what was written (its SHA-256 differs)"
 
 
 def test_resume_skips_damaged_checkpoints_and_a_torn_metrics_line(tmp_path):
