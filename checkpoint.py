@@ -106,24 +106,26 @@ def damage(directory: Path) -> str | None:
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, {size} were written"
     try:
-        trees = {name: (entry["sha256_tree"], int(entry["block_bytes"])) for name, entry in record.items()
-                 if "sha256_tree" in entry}
-        whole = {name: entry["sha256"] for name, entry in record.items() if "sha256_tree" not in entry}
-        if any(block_bytes <= 0 for _, block_bytes in trees.values()):
-            raise ValueError("block_bytes")
+        changed = first_changed(Path(directory), record)
     except (KeyError, TypeError, ValueError):
         return f"{MANIFEST} is unreadable"
-    by_block = {}  # block size -> names (every manifest this code writes has one)
-    for name, (_, block_bytes) in trees.items():
-        by_block.setdefault(block_bytes, []).append(name)
+    return None if changed is None else f"{changed} is not what was written (its SHA-256 differs)"
+
+
+def first_changed(directory: Path, record: dict) -> str | None:
+    """The first file of the manifest `record` whose digest is not the recorded one: block digests (hashed in
+    parallel, per block size) or, in a manifest from before them, one whole-file SHA-256."""
+    trees = {name: int(entry["block_bytes"]) for name, entry in record.items() if "sha256_tree" in entry}
+    if any(block_bytes <= 0 for block_bytes in trees.values()):
+        raise ValueError("block_bytes must be positive")
     found = {}
-    for block_bytes, names in by_block.items():
-        found.update(zip(names, tree_digests([Path(directory) / n for n in names], block_bytes)))
-    found.update((name, sha256_of(Path(directory) / name)) for name in whole)  # a manifest from before trees
-    expected = {**{name: digest for name, (digest, _) in trees.items()}, **whole}
-    for name in record:
-        if found[name] != expected[name]:
-            return f"{name} is not what was written (its SHA-256 differs)"
+    for block_bytes in set(trees.values()):  # one size in every manifest this code writes
+        names = [name for name, size in trees.items() if size == block_bytes]
+        found.update(zip(names, tree_digests([directory / name for name in names], block_bytes)))
+    for name, entry in record.items():
+        digest = found[name] if name in trees else sha256_of(directory / name)
+        if digest != entry["sha256_tree" if name in trees else "sha256"]:
+            return name
     return None
 
 

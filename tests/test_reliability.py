@@ -140,6 +140,10 @@ def test_a_files_digest_is_the_sha256_of_its_blocks_sha256s(tmp_path, monkeypatc
         blocks = b"".join(hashlib.sha256(data[i:i + 1000]).digest() for i in range(0, len(data), 1000))
         assert record[name] == {"bytes": len(data), "sha256_tree": hashlib.sha256(blocks).hexdigest(),
                                 "block_bytes": 1000}
+    assert checkpoint.damage(tmp_path) is None
+    record["a.pt"]["block_bytes"] = 0  # a manifest edited by hand: refused, not a division by zero
+    (tmp_path / "manifest.json").write_text(json.dumps(record))
+    assert checkpoint.damage(tmp_path) == "manifest.json is unreadable"
 
 
 def test_a_manifest_written_before_block_digests_is_still_checked(tmp_path):
