@@ -129,18 +129,15 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
     del steps, cache
 
 
-def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, impls: list[str], repeats: int,
-             grid: Grid, seed: int) -> None:
-    """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved."""
+def implementations(model, twin, prompts, seed: int) -> dict:
+    """impl -> a function of the number of new tokens that runs one whole rollout of `prompts` [B, P]."""
     import torch
 
     from neighbors import build_neighbor_table
     from rollout import Exploration, Sampling, generate
 
-    vocab = model.cfg.vocab_size
-    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     table = build_neighbor_table(model.output_weight, 1)
-    graphed = device.type == "cuda"
+    graphed = model.output_weight.device.type == "cuda"
 
     def ours(explore: str, cuda_graph: bool, compiled: bool = False):
         exploration = Exploration(explore, mix_rate=0.1)  # paper-1.5b's rate
@@ -152,13 +149,24 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
         return run
 
     def theirs(tokens: int):
-        ids = prompts.to(device)
+        ids = prompts.to(model.output_weight.device)
         return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
                              top_k=0, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
 
-    runs = {"ours": ours("none", graphed), "ours_neighbor": ours("neighbor", graphed),
+    return {"ours": ours("none", graphed), "ours_neighbor": ours("neighbor", graphed),
             "ours_eager": ours("none", False), "ours_compiled": ours("none", graphed, compiled=True),
             "transformers": theirs}
+
+
+def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, impls: list[str], repeats: int,
+             grid: Grid, seed: int) -> None:
+    """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved."""
+    import torch
+
+    vocab = model.cfg.vocab_size
+    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    runs = implementations(model, twin, prompts, seed)
+    graphed = device.type == "cuda"
     base = {"part": "rollout", "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens}
     # Warm-ups: ours, a short run (kernels chosen, workspaces allocated; its graphs are captured in every call,
     # so capture is part of each timed run); transformers, a whole run: its first run at a length is far slower
