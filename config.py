@@ -48,8 +48,8 @@ class Config:
     top_k: int = option(0, "sample only from the k most likely tokens (0 = off)")
     rollout_batch_size: int = option(0, "rows (prompts x G) decoded together per generate call; 0 = all of a "
                                         "step's rows at once. The KV cache grows with rows x (prompt + "
-                                        "max_new_tokens): for 1.5B in bf16 256 rows x 8.4k tokens take ~62 GB, "
-                                        "so lower this (e.g. 128) on an 80 GB GPU")
+                                        "max_new_tokens) (--plan shows it); more rows decode more tokens per "
+                                        "second, and the run names a larger size when one fits the GPU")
 
     # --- exploration (docs/algorithm.md, steps 2-6, and the baselines)
     explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "

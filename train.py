@@ -570,6 +570,10 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
     memory = plan.plan_memory(cfg, mc, gpus=world.size, gpu_gb=have_gb, device=kind)
     if not memory.fits:
         raise RunError(plan.refusal(cfg, mc, memory))
+    larger = plan.larger_rollout_batch(cfg, mc, gpus=world.size, gpu_gb=have_gb, device=kind)
+    if larger and world.is_main:
+        print(f"note: --rollout-batch-size {larger} fits this GPU too ({cfg.rollout_batch_size} is set); more rows "
+              "per call decode more tokens per second (--plan shows the memory)", file=sys.stderr)
 
 
 def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:

@@ -203,3 +203,40 @@ def test_a_run_that_cannot_fit_stops_before_loading_anything(tmp_path, monkeypat
 
 def test_paper_presets_decode_the_rows_the_plan_assumes():
     assert preset("paper-1.5b").rollout_batch_size == 64 and preset("paper-7b").rollout_batch_size == 32
+
+
+def test_a_larger_rollout_batch_that_fits_is_named_and_the_next_one_does_not_fit():
+    cfg = small_cfg(rollout_batch_size=2, prompts_per_step=64, max_new_tokens=2000)  # 256 rows, KV-heavy
+    roomy = plan.larger_rollout_batch(cfg, SMALL, gpus=1, gpu_gb=1000, device="cuda")
+    assert roomy == 256  # every row at once
+    needed = {rows: plan.plan_memory(replace(cfg, rollout_batch_size=rows), SMALL, gpus=1, gpu_gb=1000,
+                                     device="cuda").peak_bytes / plan.GIB for rows in (2, 4, 8, 16, 32, 64, 128, 256)}
+    budget = (needed[16] + needed[32]) / 2  # 16 rows fit, 32 do not
+    assert plan.larger_rollout_batch(cfg, SMALL, gpus=1, gpu_gb=budget, device="cuda") == 16
+    assert needed[16] < needed[32]  # by then the KV cache sets the peak (at 2 rows the update does)
+    assert plan.larger_rollout_batch(replace(cfg, rollout_batch_size=16), SMALL, gpus=1, gpu_gb=budget,
+                                     device="cuda") is None  # 16 is already the largest that fits
+    assert plan.larger_rollout_batch(cfg, SMALL, gpus=1, gpu_gb=1000, device="cpu") is None  # the CPU: all rows
+    assert plan.larger_rollout_batch(replace(cfg, rollout_batch_size=0), SMALL, gpus=1, gpu_gb=1000) is None
+    assert plan.larger_rollout_batch(cfg, SMALL, gpus=4, gpu_gb=1000, device="cuda") == 64  # a rank's share
+
+
+def test_plan_names_the_larger_rollout_batch_the_paper_preset_could_use(shared_data, capsys):
+    one_five = shared_data / "tokenizers" / "DeepSeek-R1-Distill-Qwen-1.5B"
+    for gpu_gb, rows in ((80, 128), (139.8, 256)):  # an H100, an H200
+        code, out = plan_exit(capsys, ["--model", str(one_five), "--plan", "--plan-gpus", "1", "--plan-gpu-gb",
+                                       str(gpu_gb)])
+        assert code == 0 and f"--rollout-batch-size {rows} fits too" in out
+    code, out = plan_exit(capsys, ["--model", str(one_five), "--plan", "--plan-gpus", "8", "--plan-gpu-gb", "80"])
+    assert code == 0 and "fits too" not in out  # 8 ranks: 32 rows each, under the preset's 64
+
+
+def test_a_run_is_told_when_its_gpu_holds_a_larger_rollout_batch(monkeypatch, capsys):
+    import distributed
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000 * plan.GIB, 1000 * plan.GIB))
+    cfg = replace(preset("tiny"), rollout_batch_size=2)  # 16 prompts x 4 responses a step
+    train.check_memory(cfg, torch.device("cuda"), distributed.World())
+    assert "note: --rollout-batch-size 64 fits this GPU too (2 is set)" in capsys.readouterr().err
+    train.check_memory(replace(cfg, rollout_batch_size=0), torch.device("cuda"), distributed.World())
+    assert capsys.readouterr().err == ""  # all rows already decode together
