@@ -26,6 +26,15 @@ import traceback
 from benchmarks.common import SHAPES, emit, note, shape_config, sync, torch_dtype, transformers_twin
 
 
+def seconds_of(device, run) -> float:
+    """Wall seconds of run(), the device's queued work included (synchronised before and after)."""
+    sync(device)
+    start = time.perf_counter()
+    run()
+    sync(device)
+    return time.perf_counter() - start
+
+
 def ceilings(device, gib: float) -> dict:
     """Copy bandwidth (GB/s, read + write) over a gib-GiB buffer, and bf16 (GPU) / fp32 (CPU) matmul TFLOP/s."""
     import torch
@@ -37,11 +46,7 @@ def ceilings(device, gib: float) -> dict:
     timings = {"copy": [], "matmul": []}
     for _ in range(3 + 10):
         for name, run in (("copy", lambda: target.copy_(source)), ("matmul", lambda: a @ b)):
-            sync(device)
-            start = time.perf_counter()
-            run()
-            sync(device)
-            timings[name].append(time.perf_counter() - start)
+            timings[name].append(seconds_of(device, run))
     copy_s, matmul_s = (statistics.median(t[3:]) for t in timings.values())
     return {"copy_gb_per_s": round(2 * source.numel() * 2 / copy_s / 1e9, 1),
             "matmul_tflop_per_s": round(2 * n**3 / matmul_s / 1e12, 1), "matmul_n": n,
@@ -66,7 +71,7 @@ class Grid:
 
     def __init__(self, budget_s: float):
         self.start, self.budget_s = time.perf_counter(), budget_s
-        self.seconds_per_step: dict[str, float] = {}  # impl -> seconds per decode step at its largest batch yet
+        self.seconds_per_step: dict[str, float] = {}  # impl -> its slowest seconds per decode step so far
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.start)
@@ -110,13 +115,7 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
             what = {"part": "decode_step", "batch": batch, "window": window, "cuda_graph": graphed}
             if not grid.fits(0, what):
                 return
-            timings = []
-            for _ in range(repeats + 3):
-                sync(device)
-                start = time.perf_counter()
-                step(inputs, positions, window)
-                sync(device)
-                timings.append(time.perf_counter() - start)
+            timings = [seconds_of(device, lambda: step(inputs, positions, window)) for _ in range(repeats + 3)]
             median = statistics.median(timings[3:])
             floor_s = floor["total"] / (bandwidth * 1e9)
             emit({"bench": "rollout_grid", **what, "median_ms": round(1000 * median, 3),
@@ -185,26 +184,17 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
     warm_s = {}
     for impl in chosen:
         def warm(impl=impl):
-            start = time.perf_counter()
-            runs[impl](warm_tokens[impl])
-            sync(device)
-            warm_s[impl] = round(time.perf_counter() - start, 2)
+            warm_s[impl] = round(seconds_of(device, lambda: runs[impl](warm_tokens[impl])), 2)
         grid.attempt({**base, "impl": impl, "phase": "warm-up"}, warm)
-    seconds = {impl: [] for impl in chosen}
+    seconds = {impl: [] for impl in chosen if impl in warm_s}  # one whose warm-up failed is not timed
     peaks = {}
     for _ in range(repeats):
-        for impl in chosen:
-            if impl not in seconds:
-                continue
+        for impl in list(seconds):
 
             def timed(impl=impl):
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                sync(device)
-                start = time.perf_counter()
-                runs[impl](new_tokens)
-                sync(device)
-                seconds[impl].append(time.perf_counter() - start)
+                seconds[impl].append(seconds_of(device, lambda: runs[impl](new_tokens)))
                 if device.type == "cuda":
                     peaks[impl] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             grid.attempt({**base, "impl": impl}, timed)
