@@ -401,9 +401,11 @@ def random_model(cfg: ModelConfig | str | Path, *, dtype=torch.float32, device="
     for tests and benchmarks at the real shapes without the real weights."""
     if not isinstance(cfg, ModelConfig):
         cfg = ModelConfig.from_hf(json.loads(Path(cfg).read_text()))
-    with torch.device(device):
+    # Built on the meta device (shapes only), then given memory in `dtype` on `device`: no fp32 copy and no
+    # default initialisation to throw away (init_weights draws every value), which halves the time at 1.5B.
+    with torch.device("meta"):
         model = Transformer(cfg).to(dtype)
-    return init_weights(model, seed)
+    return init_weights(model.to_empty(device=device), seed)
 
 
 def resolve_checkpoint(name_or_path: str) -> Path:

@@ -270,6 +270,19 @@ def test_tiny_preset_is_seeded():
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_random_model_built_on_meta_equals_one_built_in_memory(family, dtype):
+    # random_model builds on the meta device and then gives the model empty memory: every value must be
+    # drawn by init_weights (a missed one would be garbage). Reference: the model built the ordinary way.
+    cfg = M.ModelConfig.from_hf(hf_config(family).to_dict())
+    reference = M.init_weights(M.Transformer(cfg).to(dtype), seed=3)
+    ours = M.random_model(cfg, dtype=dtype, seed=3)
+    assert ours.state_dict().keys() == reference.state_dict().keys()
+    for name, tensor in reference.state_dict().items():
+        assert ours.state_dict()[name].dtype == dtype and torch.equal(ours.state_dict()[name], tensor), name
+
+
 def test_load_model_casts_to_the_requested_dtype(pair):
     _, _, path = pair
     model = M.load_model(str(path), dtype=torch.bfloat16, device="cpu")
