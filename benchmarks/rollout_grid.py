@@ -9,7 +9,8 @@ one process and one device call.
    the copy bandwidth from 1.
 3. Tokens/s of whole rollouts (prefill included, every row to its length: no stop ids) for each batch x length:
    ours graphed without and with neighbor mixing, ours eager, transformers' `generate`; interleaved
-   (round-robin), so that drift in the machine's speed hits all alike.
+   (round-robin), so that drift in the machine's speed hits all alike. Two experiments measure fixes before the
+   library takes them: ours_compiled (the step under torch.compile) and ours_fused (fused projections).
 4. A torch.profiler summary of one eager decode step's kernels, to say where a gap to the floor goes.
 
 Device time is scarce, so the grid is ordered by priority and runs under --budget-s: a measurement whose time,
@@ -141,11 +142,12 @@ def implementations(model, twin, prompts, seed: int) -> dict:
     table = build_neighbor_table(model.output_weight, 1)
     graphed = model.output_weight.device.type == "cuda"
 
-    def ours(explore: str, cuda_graph: bool, compiled: bool = False):
+    def ours(explore: str, cuda_graph: bool, compiled: bool = False, fused: bool = False):
         exploration = Exploration(explore, mix_rate=0.1)  # paper-1.5b's rate
 
         def run(tokens: int):
-            with compiled_decode_step() if compiled else contextlib.nullcontext():
+            with (compiled_decode_step() if compiled else contextlib.nullcontext(),
+                  fused_projections(model) if fused else contextlib.nullcontext()):
                 return generate(model, prompts.tolist(), Sampling(max_new_tokens=tokens), exploration,
                                 neighbor_table=table, seed=seed, cuda_graph=cuda_graph)
         return run
@@ -157,6 +159,7 @@ def implementations(model, twin, prompts, seed: int) -> dict:
 
     return {"ours": ours("none", graphed), "ours_neighbor": ours("neighbor", graphed),
             "ours_eager": ours("none", False), "ours_compiled": ours("none", graphed, compiled=True),
+            "ours_fused": ours("none", graphed, fused=True),
             "transformers": theirs}
 
 
@@ -233,6 +236,57 @@ def compiled_decode_step():
         _COMPILED["forward"] = torch.compile(DecodeStep._forward)
     with mock.patch.object(DecodeStep, "_forward", _COMPILED["forward"]):
         yield
+
+
+class FusedProduct:
+    """Linear layers that read the same input, as one matrix product over their concatenated weights (a copy)."""
+
+    def __init__(self, linears):
+        import torch
+
+        if len({linear.bias is None for linear in linears}) != 1:
+            raise ValueError("fused layers must all have a bias or all have none")
+        self.weight = torch.cat([linear.weight for linear in linears])
+        self.bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
+        self.sizes = [linear.out_features for linear in linears]
+        self.outputs = ()
+
+
+def fused_part(fused: FusedProduct, index: int):
+    """A module standing in for the index-th fused layer: the first computes the product for all of them, the
+    others return their slice of it. Their caller must call them in order on the same input, as
+    Attention.forward (q, k, v) and MLP.forward (gate, up) do."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Part(nn.Module):
+        def forward(self, x):
+            if index == 0:
+                fused.outputs = F.linear(x, fused.weight, fused.bias).split(fused.sizes, dim=-1)
+            return fused.outputs[index]
+
+    return Part()
+
+
+@contextlib.contextmanager
+def fused_projections(model):
+    """Each layer's q/k/v projections as one matrix product, and its gate/up as another, for the duration (an
+    experiment, not the library's path yet): at batch 64 a decode step's matrix products took 2.2x their
+    weights' memory floor on an H200, and the k and v products (256 of 1,536 columns each at 1.5B) are the
+    smallest. The library's modules are put back on exit."""
+    swapped = []
+    try:
+        for layer in model.layers:
+            for owner, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                                 (layer.mlp, ("gate_proj", "up_proj"))):
+                fused = FusedProduct([getattr(owner, name) for name in names])
+                for index, name in enumerate(names):
+                    swapped.append((owner, name, getattr(owner, name)))
+                    setattr(owner, name, fused_part(fused, index))
+        yield
+    finally:
+        for owner, name, linear in swapped:
+            setattr(owner, name, linear)
 
 
 def profile_step(model, device, batch: int, window: int, out: str | None, grid: Grid) -> None:
@@ -315,7 +369,8 @@ def add_parser(subparsers) -> None:
     grid.add_argument("--prompt-len", type=int, default=256, help="tokens per prompt")
     grid.add_argument("--impls", default="ours,ours_neighbor,ours_eager,transformers",
                       help="comma-separated: ours (graphed), ours_neighbor (graphed, mixing at rate 0.1), "
-                           "ours_eager, ours_compiled (graphed, the step under torch.compile), transformers")
+                           "ours_eager, ours_compiled (graphed, the step under torch.compile), ours_fused "
+                           "(graphed, q/k/v and gate/up each one matrix product), transformers")
     grid.add_argument("--repeats", type=int, default=2, help="timed rollouts per configuration (median)")
     grid.add_argument("--batch-for-steps", type=int, default=64, help="rows of the decode-step measurements")
     grid.add_argument("--step-repeats", type=int, default=20, help="timed decode steps per window")

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmarks import rollout_grid
 from benchmarks.common import SHARED_DATA
 from model import ModelConfig, Transformer, random_model
+from rollout import DecodeStep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +44,6 @@ def test_the_decode_floor_counts_what_a_step_must_move():
 def test_the_real_shapes_floor_is_the_1_5b_without_its_input_embedding():
     path = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-1.5B" / "config.json"
     if not path.is_file():
-        import pytest
-
         pytest.skip("../shared/data is not present")
     cfg = ModelConfig.from_hf(json.loads(path.read_text()))
     with torch.device("meta"):  # shapes only: 1.78 B parameters never allocated
@@ -66,3 +66,28 @@ def test_the_grid_skips_what_its_budget_cannot_fit_and_says_so():
     assert measured == {(8, "ours"), (8, "transformers")}
     # A million steps at the seconds per step of the 8-token run do not fit the time left: neither is started.
     assert skipped == {(1000000, "ours"), (1000000, "transformers")}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_projections_decode_as_the_separate_layers_do_and_are_put_back(bias):
+    # Reference: the same model with its own nn.Linear layers, one product each.
+    cfg = ModelConfig(family="qwen2", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=bias, mlp_bias=bias)
+    model = random_model(cfg, seed=0).eval()
+    originals = [(layer.self_attn.k_proj, layer.mlp.up_proj) for layer in model.layers]
+    inputs = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+
+    def decode(steps: int) -> torch.Tensor:
+        step = DecodeStep(model, model.new_cache(3, 16), cuda_graph=False)
+        return torch.stack([step(inputs, torch.full((3,), t), 16).clone() for t in range(steps)])
+
+    with torch.no_grad():
+        expected = decode(5)
+        with rollout_grid.fused_projections(model):
+            assert type(model.layers[0].self_attn.k_proj) is not torch.nn.Linear
+            got = decode(5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert [(layer.self_attn.k_proj, layer.mlp.up_proj) for layer in model.layers] == originals
+    with pytest.raises(RuntimeError, match="inside"), rollout_grid.fused_projections(model):
+        raise RuntimeError("inside")
+    assert [(layer.self_attn.k_proj, layer.mlp.up_proj) for layer in model.layers] == originals
