@@ -68,11 +68,7 @@ def tree_digests(paths: list[Path], block_bytes: int = BLOCK_BYTES) -> list[str]
 
 def sha256_of(path: Path) -> str:
     """The whole file's SHA-256 (one stream): how manifests written before tree digests record a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(READ_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return _block_digest(path, 0, path.stat().st_size).hex()
 
 
 def write_manifest(directory: Path) -> None:
