@@ -8,6 +8,7 @@
     python bench.py trl                 # a GRPO step of ours beside TRL's GRPOTrainer (pip install trl)
     python bench.py rehearsal           # the 1.5B shape end to end on the CPU, memory against train.py --plan
     python bench.py manifest            # hashing a checkpoint: block digests on every core vs one stream per file
+    python bench.py torchrun-check      # on a GPU: train.py under torchrun (world of one) vs one process, resume
 
 Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that registers its subcommand
 (and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only the entry.
@@ -16,7 +17,7 @@ Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that 
 import argparse
 import importlib
 
-BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal", "manifest")
+BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal", "manifest", "torchrun-check")
 
 
 def main() -> None:

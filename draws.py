@@ -75,16 +75,20 @@ class RowDraws:
     """The draws of one decode step for B rows: row b's numbers depend on (seed, row_keys[b],
     positions[b]) and the stream, nothing else."""
 
-    seed: int | tuple[int, ...]
+    seed: int | tuple[int, ...] | torch.Tensor  # a tensor: seed_state(seed) already, [] int64 (a graph's buffer)
     row_keys: torch.Tensor  # [B] int64: each row's identity (e.g. its index among the step's rows)
     positions: torch.Tensor  # [B] int64: each row's response position (the decode step of that row)
 
     def __post_init__(self):
-        self._seed_state = seed_state(self.seed)
+        self._seed_state = self.seed if torch.is_tensor(self.seed) else seed_state(self.seed)
 
     def keys(self, stream: int) -> torch.Tensor:
         """[B] int64: each row's key of `stream` at this step; its draws are functions of it alone."""
-        state = mix64(self.row_keys * GOLDEN + _int64(self._seed_state + stream))  # [B]
+        if torch.is_tensor(self._seed_state):  # int64 addition wraps modulo 2^64, as _int64 does
+            offset = self._seed_state + stream
+        else:
+            offset = _int64(self._seed_state + stream)
+        state = mix64(self.row_keys * GOLDEN + offset)  # [B]
         return mix64(state ^ (self.positions * MIX1))
 
     def bits(self, stream: int, n: int) -> torch.Tensor:

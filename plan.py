@@ -29,6 +29,7 @@ CUDA_RESERVED_BYTES = GIB  # CUDA context, cuBLAS / NCCL workspaces: memory torc
 FRAGMENTATION = 0.10  # the caching allocator's blocks that are reserved but not in use, as a share of the peak
 PREFILL_TOKENS = 16384  # rollout.PREFILL_TOKENS (not imported: rollout.py pulls in the sampler's whole stack)
 DECODE_VOCAB_BUFFERS = 5  # fp32 [rows, V] tensors of one decode step: logits, their copy, filtered, probs, draws
+CACHE_ROUND = 256  # rollout.decoder_for: the KV cache's positions per row, rounded up to a multiple of this
 LOGIT_CHUNK_BUFFERS = 3  # fp32 [chunk, V] tensors alive at once in a log-prob chunk's forward
 BACKWARD_MLP_BUFFERS = 2  # [tokens, intermediate] gradients alive at once in one block's backward
 
@@ -254,7 +255,7 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     trainable = params.trainable(cfg.freeze_embeddings)
     low = 4 if device == "cpu" else 2  # bytes per weight of the sampler copy and of the reference model
     rows = rollout_rows(cfg, gpus)
-    tokens = prompt_tokens + cfg.max_new_tokens
+    tokens = -(-(prompt_tokens + cfg.max_new_tokens) // CACHE_ROUND) * CACHE_ROUND  # as the sampler allocates
     share = f" (1/{gpus} shard)" if sharded else ""
     kept = lambda name, n: Row(name, n, n)  # held through both phases
     plan_rows = [

@@ -25,7 +25,11 @@ its batch-mates or the refill order.
                        neighbor_table=table, seed=(run_seed, step), slots=64)
 """
 
+from __future__ import annotations
+
 import sys
+import warnings
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -34,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from draws import COIN, TOKEN, RowDraws
+import model as M
+from draws import COIN, TOKEN, RowDraws, seed_state
 from model import KVCache
 from ngrpo import length_mask
-from strategies import EXPLORERS, Exploration, Mixture, StepView, candidate_table, neighbor_candidates
+from strategies import EXPLORERS, Exploration, StepView, candidate_table, neighbor_candidates
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ class Rollout:
 def filtered_logits(logits: torch.Tensor, temperature: float, top_k: int = 0,
                     top_p: float = 1.0) -> torch.Tensor:
     """logits / temperature with everything outside the top-k and the top-p nucleus set to -inf. [B, V]."""
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -143,62 +148,208 @@ def mixing_candidates(logits: torch.Tensor, table: torch.Tensor, *, num_neighbor
 # ----------------------------------------------------------------------------- the decode loop
 
 
-class DecodeStep:
-    """The model's one-token decode step for S slots, as a function of fixed buffers, so that on CUDA it is
-    captured into CUDA graphs and each step is a single replay instead of ~20 kernel launches per layer.
+class Decoder:
+    """Everything decoding keeps between generate calls on one model: the KV cache of S slots x max_len
+    positions, each slot's state, the logits buffer, the step records since the last sync, and, on CUDA, the
+    captured graphs. A graph holds a whole step, sampler and model, as a function of these fixed buffers:
+    sample each slot's token from `logits`, record it, explore, feed the input at the slot's position,
+    leave the next logits in `logits`. The row lengths are data: with FlashAttention's variable-length kernel
+    (bf16 on a GPU) one graph serves every length, captured once per (sampling, exploration) and reused by every
+    later call; elsewhere (a CPU, fp32) a step attends over a power-of-two window of the cache, one graph per
+    window. Nothing in a step waits for the host: the loop syncs once every SYNC_EVERY steps.
 
-    Buffers: inputs [S, 1, d] (the embedding or mixture fed) and positions [S] (each slot's cache slot,
-    which is also its RoPE position: rows are not padded), overwritten in place before every step. A step
-    attends over the first `window` cache slots only, so its cost follows the live length; on CUDA one
-    graph is captured per window size the loop uses (powers of two: a handful). Returns fp32 logits [S, V];
-    with a graph they live in a static buffer that the next replay overwrites, so use them before calling
-    again. Sampling stays outside the graph (eager).
-    """
+    generate() keeps one Decoder per model (decoder_for) and reuses it while the slots and the longest prompt +
+    response fit; release_decoder(model) frees its memory (train.py does before each update)."""
 
-    def __init__(self, model, cache: KVCache, *, cuda_graph: bool):
+    def __init__(self, model, slots: int, max_len: int, *, cuda_graph: bool, compile_backend: str | None):
         embed = model.embed_tokens.weight
-        S = cache.k.shape[1]
-        self.model, self.cache, self.cuda_graph = model, cache, cuda_graph
-        self.inputs = torch.zeros(S, 1, embed.shape[1], dtype=embed.dtype, device=embed.device)
-        self.positions = torch.zeros(S, dtype=torch.long, device=embed.device)
-        self.graphs: dict[int, tuple] = {}  # window -> (graph, its logits buffer)
+        self.device, self.dtype, self.slots, self.cuda_graph = embed.device, embed.dtype, slots, cuda_graph
+        self.cache = model.new_cache(slots, max_len)
+        self.state = Slots.empty(slots, self.device)
+        self.logits = torch.zeros(slots, model.cfg.vocab_size, device=self.device)  # [S, V] fp32
+        self.seed = torch.zeros((), dtype=torch.long, device=self.device)  # this call's draws.seed_state
+        self.ring_pos = torch.zeros((), dtype=torch.long, device=self.device)  # steps recorded since the sync
+        self.rings: dict[int, StepRing] = {}  # candidates per step -> the step records since the last sync
+        self.tables: dict[int, torch.Tensor] = {}  # candidates per step -> the candidate table's buffer
+        self.samplers: dict[tuple, Sampler] = {}
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.captures = 0  # graphs captured so far (a reused decoder captures none)
+        self.ops = M.decode_ops(compile_backend)
+        self.verified = False  # a first step ran (with the compiled functions and FlashAttention, or without)
+        self.flash = None  # how FlashAttention's kernel runs the attention (M.FlashDecode), where it can
+        self.flash_timings: dict[str, float] = {}  # its two layouts' milliseconds here (the faster is used)
+        if M.flash_decode_supported(model.cfg, self.dtype, self.device):
+            try:
+                shape = (slots, max_len, self.dtype, str(self.device), model.cfg.num_heads, model.cfg.num_kv_heads,
+                         model.cfg.head_dim)
+                if shape not in _FLASH_LAYOUTS:  # measured once per process and shape, then kept
+                    _FLASH_LAYOUTS[shape] = M.fastest_flash_layout(model.cfg, self.cache)
+                grouped, self.flash_timings = _FLASH_LAYOUTS[shape]
+                self.flash = M.flash_decode(slots, max_len, model.cfg.num_heads // model.cfg.num_kv_heads, grouped,
+                                            self.device)
+            except RuntimeError as error:  # an old GPU, a build without the kernel: the windowed attention
+                warnings.warn(f"the decode step runs without FlashAttention ({str(error)[:200]})", stacklevel=3)
+        self.pool = torch.cuda.graph_pool_handle() if cuda_graph else None
+        self.fused = self.device.type == "cuda"  # one product for q/k/v and one for gate/up: it pays on a GPU
+        if self.fused:
+            M.fuse_projections(model)
+        self.weights = weight_pointers(model)
 
-    def _forward(self, window: int) -> torch.Tensor:
-        hidden = self.model.forward_hidden(inputs_embeds=self.inputs, positions=self.positions[:, None],
-                                           cache=self.cache, cache_pos=self.positions, window=window)
-        return F.linear(hidden[:, 0], self.model.output_weight).float()  # [S, V]
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
 
-    def _capture(self, window: int) -> tuple:
-        # Warm-up runs on a side stream first (cuBLAS and attention pick and allocate their workspaces
-        # outside the capture). They write the cache at the current positions what the replay right after
-        # writes again: the same inputs at the same slots.
-        with torch.cuda.device(self.inputs.device):  # the model's GPU, whichever is current
+    def fits(self, model, slots: int, max_len: int, cuda_graph: bool) -> bool:
+        embed = model.embed_tokens.weight
+        return (slots == self.slots and max_len <= self.max_len and cuda_graph == self.cuda_graph
+                and embed.device == self.device and embed.dtype == self.dtype)
+
+    def begin(self, model, sampling: Sampling, exploration: Exploration, seed, neighbor_table) -> Sampler:
+        """Empties every slot and sets this call's seed and neighbor table; returns the call's sampler."""
+        if (self.fused and M.fuse_projections(model)) or weight_pointers(model) != self.weights:
+            self.graphs.clear()  # the graphs read the weights where they were at capture
+            self.weights = weight_pointers(model)
+        self.state.clear()
+        self.ring_pos.zero_()
+        self.seed.fill_(seed_state(seed))
+        K = exploration.num_candidates
+        if K not in self.rings:
+            self.rings[K] = StepRing.empty(SYNC_EVERY, self.slots, K, self.device)
+        cand_table = None
+        if neighbor_table is not None and exploration.strategy == "neighbor":
+            cand_table = candidate_table(neighbor_table.to(self.device), exploration.num_neighbors)
+            if K not in self.tables or self.tables[K].shape != cand_table.shape:
+                self.tables[K] = torch.empty_like(cand_table)
+            cand_table = self.tables[K].copy_(cand_table)
+        key = (sampling, exploration)
+        if key not in self.samplers or self.samplers[key].cand_table is not cand_table:
+            self.samplers[key] = Sampler(sampling, exploration, model.embed_tokens.weight, cand_table, self.seed,
+                                         self.max_len)
+            self.graphs = {k: g for k, g in self.graphs.items() if k[:2] != key}
+        return self.samplers[key]
+
+    def run_step(self, model, sampler: Sampler, window: int | None) -> None:
+        """One step as written (what a graph captures): sample from `logits`, record, feed, new `logits`."""
+        inputs, positions = sampler(self.logits, self.state, self.rings[sampler.exploration.num_candidates],
+                                    self.ring_pos)
+        hidden = M.decode_hidden(model, inputs, positions, self.cache, ops=self.ops, window=window, flash=self.flash)
+        self.logits.copy_(F.linear(hidden, model.output_weight))
+
+    def step(self, model, sampler: Sampler, window: int) -> None:
+        """One decode step of every slot; window: the cache slots the live rows need (unused by the
+        FlashAttention kernel, which reads each row's own length)."""
+        if self.verified:
+            return self._step(model, sampler, window)
+        # The first step of a decoder is where torch.compile or FlashAttention would fail (no C compiler for
+        # Triton, an old GPU): then the step runs without them, slower but the same numbers up to rounding.
+        saved = self._saved()
+        while True:
+            try:
+                self._step(model, sampler, window)
+                break
+            except Exception as error:
+                fallback = self._fall_back(error)
+                if fallback is None:
+                    raise
+                warnings.warn(f"the decode step runs without {fallback}: its first step failed with "
+                              f"{type(error).__name__}: {str(error)[:300]}", stacklevel=2)
+                self._restore(saved)
+        self.verified = True
+
+    def _fall_back(self, error: Exception) -> str | None:
+        """Turns off what may have caused `error` (torch.compile first, then FlashAttention); None: nothing."""
+        self.graphs.clear()
+        compile_errors = (torch._dynamo.exc.TorchDynamoException,
+                          getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", torch._dynamo.exc.TorchDynamoException))
+        if self.ops is not M.decode_ops(None) and isinstance(error, compile_errors):
+            self.ops = M.decode_ops(None)
+            return "torch.compile"
+        if self.flash is not None and isinstance(error, RuntimeError):
+            self.flash = None
+            return "FlashAttention (each step attends over a power-of-two window of the cache instead)"
+        return None
+
+    def _step(self, model, sampler: Sampler, window: int) -> None:
+        window = None if self.flash is not None else window
+        if not self.cuda_graph:
+            return self.run_step(model, sampler, window)
+        key = (sampler.sampling, sampler.exploration, window)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(model, sampler, window)
+        self.graphs[key].replay()
+
+    def _saved(self) -> list[torch.Tensor]:
+        """Copies of what a step changes, but the cache (rewritten at a slot before any row reads it)."""
+        return [t.clone() for t in (*self.state.tensors(), self.logits, self.ring_pos)]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for target, value in zip((*self.state.tensors(), self.logits, self.ring_pos), saved):
+            target.copy_(value)
+
+    def _capture(self, model, sampler: Sampler, window: int | None) -> torch.cuda.CUDAGraph:
+        # Two warm-up steps on a side stream first (torch.compile compiles, cuBLAS and attention choose and
+        # allocate their workspaces outside the capture), then everything they changed is put back, so that the
+        # replay right after is the step itself. Cache slots they wrote are rewritten before any row reads them.
+        saved = self._saved()
+        with torch.cuda.device(self.device):
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._forward(window)
+                    self.run_step(model, sampler, window)
             torch.cuda.current_stream().wait_stream(stream)
+            self._restore(saved)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self._forward(window)
-        return graph, logits
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.run_step(model, sampler, window)
+        self.captures += 1
+        return graph
 
-    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
-        self.inputs.copy_(inputs[:, None])
-        self.positions.copy_(positions)
-        if not self.cuda_graph:
-            return self._forward(window)
-        if window not in self.graphs:
-            self.graphs[window] = self._capture(window)
-        graph, logits = self.graphs[window]
-        graph.replay()
-        return logits
+    def flush(self, record: "Record", steps: int, K: int) -> None:
+        """Moves the last `steps` steps' records into the call's record (at a sync)."""
+        if steps:
+            self.rings[K].move_to(record, steps)
+            self.ring_pos.zero_()
+
+
+_DECODERS: "weakref.WeakKeyDictionary[object, Decoder]" = weakref.WeakKeyDictionary()
+_FLASH_LAYOUTS: dict[tuple, tuple[bool, dict]] = {}  # a decoder's shape -> (grouped is faster, its timings)
+
+
+def weight_pointers(model) -> tuple[int, ...]:
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+def compile_backend(device: torch.device) -> str | None:
+    """The backend that compiles the decode step's elementwise functions: inductor on a GPU (fused kernels);
+    on a CPU none (compiling costs more than it saves there, and the eager functions are the reference)."""
+    return "inductor" if device.type == "cuda" else None
+
+
+def decoder_for(model, slots: int, max_len: int, cuda_graph: bool) -> Decoder:
+    """The model's Decoder, kept from an earlier call when it fits, else a new one (the old one freed first)."""
+    decoder = _DECODERS.get(model)
+    if decoder is not None and decoder.fits(model, slots, max_len, cuda_graph):
+        return decoder
+    release_decoder(model)
+    # A little room to spare, so that a slightly longer prompt next call reuses the cache and its graphs.
+    max_len = -(-max_len // CACHE_ROUND) * CACHE_ROUND
+    device = model.embed_tokens.weight.device
+    decoder = Decoder(model, slots, max_len, cuda_graph=cuda_graph, compile_backend=compile_backend(device))
+    _DECODERS[model] = decoder
+    return decoder
+
+
+def release_decoder(model) -> None:
+    """Frees the KV cache, buffers and graphs that generate() keeps for `model` (the next call makes new ones)."""
+    if _DECODERS.pop(model, None) is not None and model.embed_tokens.weight.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 PREFILL_TOKENS = 16384  # prompt tokens (rows x their longest prompt) per prefill forward
 MIN_WINDOW = 64  # the shortest attention window of a decode step
 SYNC_EVERY = 8  # decode steps between the loop's host syncs (to retire finished rows and admit waiting ones)
+CACHE_ROUND = 256  # the KV cache's positions per row are rounded up to a multiple of this (plan.py counts it)
 
 
 def attention_window(needed: int, max_len: int) -> int:
@@ -228,7 +379,7 @@ def prefill(model, cache: KVCache, slots: list[int], prompts: list[list[int]]) -
         part = model.new_cache(len(chunk), width)
         hidden = model.forward_hidden(ids.to(device), cache=part, cache_pos=0)  # [n, width, d]
         index = torch.tensor([slots[i] for i in chunk], device=device)
-        cache.k[:, index, :, :width], cache.v[:, index, :, :width] = part.k, part.v
+        cache.k[:, index, :width], cache.v[:, index, :width] = part.k, part.v
         last = torch.tensor([len(prompts[i]) - 1 for i in chunk], device=device)
         last_hidden = hidden[torch.arange(len(chunk), device=device), last]  # [n, d]
         logits[torch.tensor(chunk, device=device)] = F.linear(last_hidden, model.output_weight).float()
@@ -237,27 +388,36 @@ def prefill(model, cache: KVCache, slots: list[int], prompts: list[list[int]]) -
 
 @dataclass
 class Slots:
-    """Per-slot decode state, on the device. A slot holds one row at a time (num_rows = none)."""
+    """Per-slot decode state, on the device. A slot holds one row at a time (row -1: none)."""
 
-    row: torch.Tensor  # [S] long
+    row: torch.Tensor  # [S] long: the row of this generate call, -1 = empty
+    key: torch.Tensor  # [S] long: that row's key (generate's row_keys), which its random draws hash
     prompt_len: torch.Tensor  # [S] long
     length: torch.Tensor  # [S] long: tokens sampled so far, i.e. the response position of the next one
     finished: torch.Tensor  # [S] bool: sampled a stop id
     mixing_on: torch.Tensor  # [S] bool: has not sampled stop_mixing_id
 
     @classmethod
-    def empty(cls, S: int, num_rows: int, device) -> "Slots":
+    def empty(cls, S: int, device) -> "Slots":
         zeros = torch.zeros(S, dtype=torch.long, device=device)
         no = torch.zeros(S, dtype=torch.bool, device=device)
-        return cls(zeros + num_rows, zeros.clone(), zeros.clone(), no, ~no)
+        return cls(zeros - 1, zeros.clone(), zeros.clone(), zeros.clone(), no, ~no)
 
-    def live(self, num_rows: int, max_new_tokens: int) -> torch.Tensor:
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.row, self.key, self.prompt_len, self.length, self.finished, self.mixing_on
+
+    def clear(self) -> None:
+        """Every slot empty (in place: a captured graph reads these very tensors)."""
+        self.row.fill_(-1), self.key.zero_(), self.prompt_len.zero_(), self.length.zero_()
+        self.finished.fill_(False), self.mixing_on.fill_(True)
+
+    def live(self, max_new_tokens: int) -> torch.Tensor:
         """[S] bool: the slot holds a row that has neither sampled a stop id nor reached max_new_tokens."""
-        return (self.row < num_rows) & ~self.finished & (self.length < max_new_tokens)
+        return (self.row >= 0) & ~self.finished & (self.length < max_new_tokens)
 
-    def fill(self, slots: torch.Tensor, rows: torch.Tensor, prompt_lens: torch.Tensor) -> None:
+    def fill(self, slots: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, prompt_lens: torch.Tensor) -> None:
         """A fresh row in each of `slots`: nothing of the slot's previous row carries over."""
-        self.row[slots], self.prompt_len[slots] = rows, prompt_lens
+        self.row[slots], self.key[slots], self.prompt_len[slots] = rows, keys, prompt_lens
         self.length[slots], self.finished[slots], self.mixing_on[slots] = 0, False, True
 
 
@@ -314,22 +474,79 @@ class Schedule:
         return attention_window(needed + 1, max_len)
 
 
+CDF_BLOCK = 128  # tokens per block of sample_tokens' two-level cumulative sum
+
+
 def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor | None) -> torch.Tensor:
     """One token per row from p [B, V]: argmax p (greedy) when uniform is None, else the inverse CDF at
     uniform [B] (float64 in (0, 1)): the token whose interval of the cumulative sum of p holds u * sum p.
     The sum runs in float64, so every token with p > 0 keeps an interval of its exact width to ~1e-16 and
-    a filtered-out token (p = 0) has none. One uniform per row: no [B, V] of random numbers to make."""
+    a filtered-out token (p = 0) has none. One uniform per row: no [B, V] of random numbers to make.
+
+    The cumulative sum is taken in two levels, within blocks of CDF_BLOCK tokens and over the blocks' totals: a
+    GPU scans [B, V / 128, 128] in parallel where one scan along V per row took 0.29 ms at B = 64 (an H100)."""
     if uniform is None:
         return probs.argmax(-1)
-    cdf = probs.double().cumsum(-1)  # [B, V]
-    total = cdf[:, -1:]
-    target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))  # < total
-    return torch.searchsorted(cdf, target, right=True)[:, 0]  # the first token whose cdf exceeds target
+    B, V = probs.shape
+    blocks = -(-V // CDF_BLOCK)
+    if blocks * CDF_BLOCK != V:
+        probs = F.pad(probs, (0, blocks * CDF_BLOCK - V))  # zero mass: never drawn
+    inner = probs.view(B, blocks, CDF_BLOCK).double().cumsum(-1)  # [B, n, 128] within each block
+    block_cdf = inner[..., -1].cumsum(-1)  # [B, n]
+    total = block_cdf[:, -1:]
+    target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))  # [B, 1] < total
+    block = torch.searchsorted(block_cdf, target, right=True)  # [B, 1]: the first block whose cdf exceeds target
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)  # [B, 1]
+    # The block's cdf as block_cdf adds it up (before + its inner sums), so its last entry is block_cdf[block].
+    cdf = before + inner.gather(1, block[..., None].expand(B, 1, CDF_BLOCK))[:, 0]  # [B, 128]
+    return (block * CDF_BLOCK + torch.searchsorted(cdf, target, right=True))[:, 0]
+
+
+STEP_FIELDS = ("response_ids", "logprobs", "cand_ids", "cand_weights", "mixed", "noise_keys", "noise_scales")
+
+
+def step_buffers(lead: tuple[int, ...], K: int, device) -> dict[str, torch.Tensor]:
+    """STEP_FIELDS as zero tensors of shape [*lead] (ids, log-probs, flags, noise) or [*lead, K] (candidates)."""
+    long, flt = torch.long, torch.float32
+    shapes = dict(response_ids=((), long), logprobs=((), flt), cand_ids=((K,), long), cand_weights=((K,), flt),
+                  mixed=((), torch.bool), noise_keys=((), long), noise_scales=((), flt))
+    return {name: torch.zeros(*lead, *extra, dtype=dtype, device=device) for name, (extra, dtype) in shapes.items()}
+
+
+@dataclass
+class StepRing:
+    """The records of the steps since the last sync, [R, S, ...] (R = SYNC_EVERY): a step writes its record at
+    the device counter's position, so that it needs neither the host nor the call's own buffers (which a
+    graph reused by later calls cannot know); the sync moves them into the call's Record."""
+
+    rows: torch.Tensor  # [R, S] the row each slot's step belongs to (-1: no live row)
+    steps: torch.Tensor  # [R, S] its response position
+    fields: dict[str, torch.Tensor]  # STEP_FIELDS, [R, S, ...]
+
+    @classmethod
+    def empty(cls, R: int, S: int, K: int, device) -> "StepRing":
+        rows = torch.zeros(R, S, dtype=torch.long, device=device)
+        return cls(rows, rows.clone(), step_buffers((R, S), K, device))
+
+    def write(self, pos: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor, values: dict) -> None:
+        index = pos.remainder(self.rows.shape[0]).view(1)  # a device scalar: no host sync, same kernels each step
+        self.rows.index_copy_(0, index, rows[None])
+        self.steps.index_copy_(0, index, steps[None])
+        for name, buffer in self.fields.items():
+            buffer.index_copy_(0, index, values[name][None].to(buffer.dtype))
+
+    def move_to(self, record: "Record", n: int) -> None:
+        rows = self.rows[:n].flatten()
+        rows = torch.where(rows < 0, record.spare_row, rows)
+        steps = self.steps[:n].flatten()
+        for name, buffer in self.fields.items():
+            getattr(record, name).index_put_((rows, steps), buffer[:n].flatten(0, 1))
 
 
 @dataclass
 class Record:
-    """The [N + 1, T_max, ...] buffers the loop writes row by row; row N takes what empty slots write."""
+    """The [N + 1, T_max, ...] buffers of one generate call, written row by row at each sync; row N takes what
+    empty slots wrote."""
 
     response_ids: torch.Tensor
     logprobs: torch.Tensor
@@ -343,31 +560,20 @@ class Record:
 
     @classmethod
     def empty(cls, N: int, T_max: int, K: int, pad_id: int, device) -> "Record":
-        def zeros(*shape, dtype=torch.float32):
-            return torch.zeros(N + 1, *shape, dtype=dtype, device=device)
-
-        return cls(zeros(T_max, dtype=torch.long) + pad_id, zeros(T_max), zeros(T_max, K, dtype=torch.long),
-                   zeros(T_max, K), zeros(T_max, dtype=torch.bool), zeros(T_max, dtype=torch.long),
-                   zeros(T_max), zeros(dtype=torch.long), zeros(dtype=torch.bool))
+        buffers = step_buffers((N + 1, T_max), K, device)
+        buffers["response_ids"] += pad_id
+        return cls(**buffers, lengths=torch.zeros(N + 1, dtype=torch.long, device=device),
+                   finished=torch.zeros(N + 1, dtype=torch.bool, device=device))
 
     @property
     def spare_row(self) -> int:
-        """N: the row that takes what slots without a live row write (and the row index of an empty slot)."""
+        """N: the row that takes what slots without a live row write."""
         return self.lengths.shape[0] - 1
-
-    def write(self, rows: torch.Tensor, t: torch.Tensor, token: torch.Tensor, logprob: torch.Tensor,
-              mixture: Mixture) -> None:
-        """Step t[s] of row rows[s], for every slot s at once."""
-        for buffer, value in ((self.response_ids, token), (self.logprobs, logprob),
-                              (self.cand_ids, mixture.cand_ids), (self.cand_weights, mixture.cand_weights),
-                              (self.mixed, mixture.mixed), (self.noise_keys, mixture.noise_keys),
-                              (self.noise_scales, mixture.noise_scales)):
-            buffer.index_put_((rows, t), value)
 
     def end_rows(self, state: Slots, slots: torch.Tensor) -> None:
         rows = state.row[slots]
         self.lengths[rows], self.finished[rows] = state.length[slots], state.finished[slots]
-        state.row[slots] = self.spare_row
+        state.row[slots] = -1
 
     def rollout(self, prompts: list[list[int]]) -> Rollout:
         N = len(prompts)
@@ -381,37 +587,36 @@ class Record:
 
 @dataclass
 class Sampler:
-    """The per-step rules of one generate call: sample each live slot's token, record the step, explore."""
+    """The per-step rules of one (sampling, exploration): sample each live slot's token, record the step,
+    explore. Pure tensor work on fixed buffers, so a CUDA graph captures it with the model's step."""
 
     sampling: Sampling
     exploration: Exploration
     embed: torch.Tensor  # [V, d] the input embedding
     cand_table: torch.Tensor | None
-    seed: int | tuple[int, ...]
-    row_keys: torch.Tensor  # [N + 1] each row's key (the last: empty slots')
+    seed: torch.Tensor  # [] int64: the call's draws.seed_state (a buffer: each call writes its own)
     max_len: int  # cache slots per row
 
     def __post_init__(self):
         self.stop_ids = torch.tensor(self.sampling.stop_ids or [-1], device=self.embed.device)
 
-    def __call__(self, logits: torch.Tensor, state: Slots,
-                 record: Record) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step from each slot's logits [S, V]: the next inputs [S, d] and the cache slots [S] they go
-        to."""
+    def __call__(self, logits: torch.Tensor, state: Slots, ring: StepRing,
+                 ring_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from each slot's logits [S, V]: the next inputs [S, d] and the cache slots [S] they go to."""
         s, x = self.sampling, self.exploration
         greedy = s.temperature == 0
         tau = 1.0 if greedy else s.temperature
-        live = state.live(record.spare_row, s.max_new_tokens)
+        live = state.live(s.max_new_tokens)
         scaled = filtered_logits(logits, tau, s.top_k, s.top_p)  # [S, V]
         probs = scaled.softmax(-1)
-        draws = RowDraws(self.seed, self.row_keys[state.row], state.length.clone())
+        draws = RowDraws(self.seed, state.key, state.length.clone())
         token = sample_tokens(probs, None if greedy else draws.uniform(TOKEN, 1)[:, 0])
         token = torch.where(live, token, s.pad_id)  # [S]
         # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
         # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)
         # would underflow.
         logprob = torch.where(live, probs.gather(-1, token[:, None])[:, 0].log(), 0.0)
-        state.finished |= live & torch.isin(token, self.stop_ids)
+        state.finished |= live & (token[:, None] == self.stop_ids).any(-1)
         if x.stop_mixing_id is not None:  # the step that samples it is not mixed either
             state.mixing_on &= token != x.stop_mixing_id
         view = StepView(x, scaled, probs, token, live & state.mixing_on, draws.uniform(COIN, 1)[:, 0], tau,
@@ -419,8 +624,11 @@ class Sampler:
         mixture = EXPLORERS[x.strategy](view)
         if x.feed == "replay-only":  # the same record, but the sampled token is fed (docs/algorithm.md, "--mix-feed")
             mixture.inputs = self.embed[token]
-        record.write(torch.where(live, state.row, record.spare_row),
-                     state.length.clamp(max=s.max_new_tokens - 1), token, logprob, mixture)
+        ring.write(ring_pos, torch.where(live, state.row, -1), state.length.clamp(max=s.max_new_tokens - 1),
+                   dict(response_ids=token, logprobs=logprob, cand_ids=mixture.cand_ids,
+                        cand_weights=mixture.cand_weights, mixed=mixture.mixed, noise_keys=mixture.noise_keys,
+                        noise_scales=mixture.noise_scales))
+        ring_pos += 1
         positions = (state.prompt_len + state.length).clamp(max=self.max_len - 1)  # where y is fed
         state.length += live
         return mixture.inputs, positions
@@ -436,56 +644,56 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
 
     slots rows (default all) decode at once, each at its own position; when a row ends, the next waiting
     row is prefilled into its slot at the next sync (refill=False: only when every slot is free, i.e.
-    static batches). A step attends over the cache window its rows have written, not the whole cache.
+    static batches). A step attends over the cache its rows have written, not the whole cache.
     Randomness: row i's response is a function of (seed, row_keys[i], the model) alone: every draw (token,
     mixing coin, noise) hashes them with the row's response position (draws.py), so it depends on no
     batch-mate, slot or order. row_keys: distinct ints, default 0..len-1 (callers pass e.g. a row's index
     among a training step's rows, or eval.sample_key(problem, sample)). The model runs in its own dtype
-    (autocast is off; on GPU pass a bf16 model). cuda_graph: replay the decode step from CUDA graphs
-    (DecodeStep); None = whenever the model is on a CUDA device. progress: a tqdm bar on stderr for
-    rollouts over 2 s."""
+    (autocast is off; on GPU pass a bf16 model). cuda_graph: replay each step from a CUDA graph (Decoder);
+    None = whenever the model is on a CUDA device. The KV cache and graphs stay for the next call
+    (release_decoder frees them). progress: a tqdm bar on stderr for rollouts over 2 s."""
     N = len(prompts)
     keys = _check_arguments(model, prompts, exploration, neighbor_table, cuda_graph, row_keys, slots)
     device = model.embed_tokens.weight.device
-    S, T_max = min(slots or N, N), sampling.max_new_tokens
-    cache = model.new_cache(S, max(map(len, prompts)) + T_max)
-    cand_table = None
-    if neighbor_table is not None:
-        cand_table = candidate_table(neighbor_table, exploration.num_neighbors)
-    sampler = Sampler(sampling, exploration, model.embed_tokens.weight, cand_table, seed, keys, cache.max_len)
-    record = Record.empty(N, T_max, exploration.num_candidates, sampling.pad_id, device)
-    state = Slots.empty(S, N, device)
+    S, T_max, K = min(slots or N, N), sampling.max_new_tokens, exploration.num_candidates
+    graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
+    decoder = decoder_for(model, S, max(map(len, prompts)) + T_max, graphed)
+    sampler = decoder.begin(model, sampling, exploration, seed, neighbor_table)
+    record = Record.empty(N, T_max, K, sampling.pad_id, device)
     schedule = Schedule(list(map(len, prompts)), S, T_max, refill, cheap_sync=device.type == "cpu")
-    step = DecodeStep(model, cache, cuda_graph=device.type == "cuda" if cuda_graph is None else cuda_graph)
-    logits = torch.zeros(S, model.cfg.vocab_size, device=device)
     bar = tqdm(total=N, desc="rollout", unit="row", leave=False, delay=2, file=sys.stderr,
                disable=None if progress else True)  # None: no bar into a log file
+    unsynced = 0  # steps since the last sync
     while True:
-        ended = schedule.retire(state.live(N, T_max).tolist())  # the loop's host sync
+        live = decoder.state.live(T_max).tolist()  # the loop's host sync
+        decoder.flush(record, unsynced, K)
+        unsynced = 0
+        ended = schedule.retire(live)
         if ended:
-            record.end_rows(state, torch.tensor(ended, device=device))
+            record.end_rows(decoder.state, torch.tensor(ended, device=device))
             bar.update(len(ended))
         admitted = schedule.admit()
         if admitted:
             free, rows = zip(*admitted)
             prompts_in = [prompts[row] for row in rows]
             free_slots = torch.tensor(free, device=device)
-            logits = logits.index_copy(0, free_slots, prefill(model, cache, list(free), prompts_in))
-            state.fill(free_slots, torch.tensor(rows, device=device),
-                       torch.tensor([len(p) for p in prompts_in], device=device))
+            decoder.logits.index_copy_(0, free_slots, prefill(model, decoder.cache, list(free), prompts_in))
+            rows = torch.tensor(rows, device=device)
+            decoder.state.fill(free_slots, rows, keys[rows],
+                               torch.tensor([len(p) for p in prompts_in], device=device))
         if schedule.done():
             break
         for _ in range(schedule.steps_to_sync()):
-            inputs, positions = sampler(logits, state, record)
-            logits = step(inputs, positions, schedule.window(cache.max_len))
+            decoder.step(model, sampler, schedule.window(decoder.max_len))
             schedule.step += 1
+            unsynced += 1
     bar.close()
     return record.rollout(prompts)
 
 
 def _check_arguments(model, prompts, exploration: Exploration, neighbor_table, cuda_graph, row_keys,
                      slots) -> torch.Tensor:
-    """Raises on bad arguments; returns the row keys as a tensor [N + 1] (the last: empty slots')."""
+    """Raises on bad arguments; returns the row keys as a tensor [N]."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt and no empty prompt")
     if exploration.strategy == "neighbor" and (neighbor_table is None or
@@ -500,7 +708,7 @@ def _check_arguments(model, prompts, exploration: Exploration, neighbor_table, c
     row_keys = list(range(len(prompts)) if row_keys is None else row_keys)
     if len(row_keys) != len(prompts) or len(set(row_keys)) != len(prompts):
         raise ValueError(f"row_keys must be {len(prompts)} distinct ints, one per prompt")
-    return torch.tensor([*row_keys, 0], dtype=torch.long, device=device)
+    return torch.tensor(row_keys, dtype=torch.long, device=device)
 
 
 def exploration_from_config(cfg, tokenizer) -> Exploration:

@@ -44,7 +44,7 @@ from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, res
 from neighbors import table_for
 from ngrpo import keep_groups, overlong_penalty, scheduled_lr, update
 from reward import RewardPool, extract_answer
-from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate
+from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate, release_decoder
 from tracking import Tracker
 from warmstart import held_out_accuracy, warm_start
 
@@ -218,6 +218,7 @@ def collect_groups(r: Run, step: int) -> Groups:
         groups_kept += int(keep_groups(batch_scores, cfg.group_size, cfg.filter_groups).sum())
         if not cfg.refill or groups_kept >= cfg.prompts_per_step or len(rollouts) > cfg.max_refill_draws:
             break
+    release_decoder(r.sampler)  # the KV cache and graphs give their memory back to the update
     rollout, scores = Rollout.concat(rollouts, r.sampling.pad_id), torch.cat(scores)
     rewards = scores
     if cfg.overlong_buffer > 0:

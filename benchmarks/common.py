@@ -87,3 +87,19 @@ def rss_mb(field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def busy_decoder(model, slots: int, max_len: int, *, cuda_graph: bool, exploration=None):
+    """(rollout.Decoder, its Sampler) with every slot holding a live row that never stops (plain sampling at
+    temperature 1): what a decode-step measurement steps. Set state.prompt_len / state.length to place the
+    rows; each step advances length by one."""
+    import torch
+
+    import rollout
+
+    decoder = rollout.decoder_for(model, slots, max_len, cuda_graph)
+    sampler = decoder.begin(model, rollout.Sampling(max_new_tokens=max_len), exploration or rollout.Exploration(),
+                            0, None)
+    rows = torch.arange(slots, device=decoder.device)
+    decoder.state.fill(rows, rows, rows, torch.ones_like(rows))
+    return decoder, sampler

@@ -71,15 +71,15 @@ def forced_lengths_sampler(lengths: list[int], max_new_tokens: int, stop_id: int
     from rollout import Sampler
 
     sample = Sampler.__call__
-    # [N + 1]: each row's stop position; the last entry is for empty slots (row N), which are never live.
+    # [N + 1]: each row's stop position; the last entry is for empty slots (row -1), which are never live.
     stop_at = torch.tensor([n - 1 if n < max_new_tokens else max_new_tokens for n in lengths]
                            + [max_new_tokens], device=device)
 
-    def forced(sampler, logits, state, record):
+    def forced(sampler, logits, state, *rest):
         at_stop = state.length == stop_at[state.row]  # [S]
         is_stop = torch.arange(logits.shape[1], device=logits.device) == stop_id  # [V]
         stop_logit = torch.where(at_stop, 0.0, float("-inf"))[:, None]  # [S, 1]
         others = torch.where(at_stop[:, None], float("-inf"), logits)  # [S, V]
-        return sample(sampler, torch.where(is_stop, stop_logit, others), state, record)
+        return sample(sampler, torch.where(is_stop, stop_logit, others), state, *rest)
 
     return forced

@@ -13,12 +13,12 @@ import time
 from benchmarks.common import (
     BENCH,
     SHAPES,
+    busy_decoder,
     emit,
     latency_ms,
     peak_mem_mb,
     shape_config,
     sync,
-    torch_dtype,
     transformers_twin,
 )
 from benchmarks.long_tail import forced_lengths_sampler, long_tail_lengths, long_tail_model
@@ -104,7 +104,7 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
     import torch
 
     import rollout
-    from rollout import DecodeStep, Sampler, Sampling, generate
+    from rollout import Decoder, Sampler, Sampling, generate, release_decoder
 
     device = torch.device(args.device)
     model = long_tail_model(args, device)
@@ -117,20 +117,21 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
     configs = {"refill": dict(refill=True), "static": dict(refill=False),
                "static_full_cache": dict(refill=False)}
     counts = {name: [0, 0] for name in configs}  # decode steps, KV slots read (sum of slots x window)
-    decode_step = DecodeStep.__call__
+    decode_step = Decoder.step
 
     def run(name):
         counts[name] = [0, 0]
 
-        def counted(step, inputs, positions, window):  # the machine-independent cost of the run
+        def counted(decoder, model, sampler, window):  # the machine-independent cost of the run
             counts[name][0] += 1
-            counts[name][1] += inputs.shape[0] * window
-            return decode_step(step, inputs, positions, window)
+            counts[name][1] += decoder.slots * window
+            return decode_step(decoder, model, sampler, window)
 
         # static_full_cache: every window is the whole cache, as the engine before refill read it.
         min_window = 1 << 30 if name == "static_full_cache" else rollout.MIN_WINDOW
+        release_decoder(model)  # a fresh cache of the exact size for each engine
         with (mock.patch.object(rollout, "MIN_WINDOW", min_window),
-              mock.patch.object(DecodeStep, "__call__", counted), mock.patch.object(Sampler, "__call__", forced)):
+              mock.patch.object(Decoder, "step", counted), mock.patch.object(Sampler, "__call__", forced)):
             return generate(model, prompts, sampling, seed=args.seed, slots=args.slots, **configs[name])
 
     seconds, results = {name: [] for name in configs}, {}
@@ -163,27 +164,26 @@ def bench_decode_step(args: argparse.Namespace) -> None:
     import torch
 
     import rollout
-    from rollout import DecodeStep
 
     device = torch.device(args.device)
     model = long_tail_model(args, device)
-    cache = model.new_cache(args.slots, args.prompt_len + args.new_tokens)
-    step = DecodeStep(model, cache, cuda_graph=device.type == "cuda" and args.cuda_graph)
-    inputs = torch.randn(args.slots, model.cfg.hidden_size, device=device, dtype=torch_dtype(device)) * 0.02
+    decoder, sampler = busy_decoder(model, args.slots, args.prompt_len + args.new_tokens,
+                                            cuda_graph=device.type == "cuda" and args.cuda_graph)
     window = rollout.MIN_WINDOW
     while True:
-        window = min(window, cache.max_len)
-        positions = torch.full((args.slots,), window - 1, device=device)
+        window = min(window, decoder.max_len)
         timings = []
         for _ in range(args.step_repeats + 3):
+            decoder.state.prompt_len.fill_(window - 1)  # every row at the window's last slot
+            decoder.state.length.zero_()
             sync(device)
             start = time.perf_counter()
-            step(inputs, positions, window)
+            decoder.step(model, sampler, window)
             sync(device)
             timings.append(time.perf_counter() - start)
         emit({"bench": "decode_step", "device": device.type, "slots": args.slots, "window": window,
-              "cache_len": cache.max_len, **latency_ms(timings[3:])})
-        if window == cache.max_len:
+              "cache_len": decoder.max_len, **latency_ms(timings[3:])})
+        if window == decoder.max_len:
             break
         window *= 2
 

@@ -1,17 +1,19 @@
-"""`python bench.py rollout-grid`: the sampler at the real shape on a GPU, everything issue 28 asks of it, in
-one process and one device call.
+"""`python bench.py rollout-grid`: the sampler at the real shape on a GPU, in one process and one device call.
 
 1. The machine's two ceilings, measured here: device-to-device copy bandwidth (bytes read + written) and a
    large bf16 matrix product.
-2. The decode step (rollout.DecodeStep) at --batch-for-steps rows for each attention window up to the longest
-   prompt + response, graphed and eager, against its memory floor: the bytes one step must read (every weight
-   but the input embedding, whose B rows are gathered; the K and V of the window) and write (fp32 logits), over
-   the copy bandwidth from 1.
-3. Tokens/s of whole rollouts (prefill included, every row to its length: no stop ids) for each batch x length:
-   ours graphed without and with neighbor mixing, ours eager, transformers' `generate`; interleaved
-   (round-robin), so that drift in the machine's speed hits all alike. Two experiments measure fixes before the
-   library takes them: ours_compiled (the step under torch.compile) and ours_fused (fused projections).
-4. A torch.profiler summary of one eager decode step's kernels, to say where a gap to the floor goes.
+2. Tokens/s of whole rollouts (prefill included, every row to its length: no stop ids) for each batch x length:
+   ours (the library's default path: rollout.generate, CUDA graphs reused across calls), ours with neighbor
+   mixing, ours eager (no graph), transformers' `generate`; interleaved (round-robin), so that drift in the
+   machine's speed hits all alike. The first configuration's first call of ours is the cold start (compiles,
+   graph capture): its time is the rollout's warm-up.
+3. The decode step (rollout.Decoder) at --batch-for-steps rows at each attention window up to the longest
+   prompt + response, graphed, against its memory floor: the bytes one step must read (every weight but the
+   input embedding, whose B rows are gathered; the K and V of the window) and write (fp32 logits), over the copy
+   bandwidth from 1. Twice: the model's step alone (decode_step_model) and the whole step the rollout replays,
+   sampling and recording included (decode_step; its floor also reads the logits once).
+4. A whole rollout's time per token against the graphed step at its mean window (rollout_vs_step).
+5. A torch.profiler summary of one eager step's kernels, to say where a gap to the floor goes.
 
 Device time is scarce, so the grid is ordered by priority and runs under --budget-s: a measurement whose time,
 predicted from what already ran, would not fit is skipped with a `"skipped"` line saying so. A configuration
@@ -19,7 +21,6 @@ that fails prints its traceback and the grid goes on. One JSON line per measurem
 """
 
 import argparse
-import contextlib
 import statistics
 import time
 import traceback
@@ -42,7 +43,7 @@ def ceilings(device, gib: float) -> dict:
 
     source = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device).normal_()
     target = torch.empty_like(source)
-    n = 4096 if device.type == "cpu" else 8192
+    n = 1024 if device.type == "cpu" else 8192  # a CPU run checks the harness: a small product will do
     a, b = (torch.randn(n, n, device=device, dtype=torch_dtype(device)) for _ in range(2))
     timings = {"copy": [], "matmul": []}
     for _ in range(3 + 10):
@@ -73,6 +74,13 @@ class Grid:
     def __init__(self, budget_s: float):
         self.start, self.budget_s = time.perf_counter(), budget_s
         self.seconds_per_step: dict[str, float] = {}  # impl -> its slowest seconds per decode step so far
+        self.measured_at: dict[str, tuple[int, float]] = {}  # impl -> (rows, mean window) of that measurement
+        self.warmed = False  # a rollout of ours ran in this process (compiled, captured)
+        self.step_s: dict[tuple[int, int], float] = {}  # (rows, window) -> the graphed whole step's seconds
+
+    def record(self, impl: str, seconds_per_step: float, batch: int, window: float) -> None:
+        if seconds_per_step >= self.seconds_per_step.get(impl, 0.0):
+            self.seconds_per_step[impl], self.measured_at[impl] = seconds_per_step, (batch, window)
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.start)
@@ -96,40 +104,95 @@ class Grid:
                 torch.cuda.empty_cache()
 
 
-def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidth: float, grid: Grid) -> None:
-    """Each window's decode step, graphed (on CUDA) and eager, against the memory floor."""
+def graphed_model_step(model, decoder, window: int | None, flash=None):
+    """A function that replays the model's part of a decode step (rollout.Decoder's cache, positions in a
+    buffer; attention by `flash`, a model.FlashDecode, else over `window` slots) from a CUDA graph of its own; on
+    a CPU it runs it eagerly. Returns (run, positions buffer)."""
     import torch
+    import torch.nn.functional as F
 
+    import model as M
+
+    inputs = torch.randn(decoder.slots, model.cfg.hidden_size, device=decoder.device, dtype=decoder.dtype) * 0.02
+    positions = torch.zeros(decoder.slots, dtype=torch.long, device=decoder.device)
+
+    def run():
+        hidden = M.decode_hidden(model, inputs, positions, decoder.cache, ops=decoder.ops, window=window,
+                                 flash=flash)
+        decoder.logits.copy_(F.linear(hidden, model.output_weight))
+
+    if decoder.device.type != "cuda":
+        return run, positions
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=decoder.pool):
+        run()
+    return graph.replay, positions
+
+
+def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidth: float, grid: Grid,
+                 windows: list[int] | None = None, both_layouts: bool = False) -> dict[int, float]:
+    """Each window's graphed decode step (CUDA; eager on a CPU), the model's part alone (with both of
+    FlashAttention's layouts when both_layouts) and the whole step with sampling, against the memory floor.
+    Returns {window: median seconds of the whole step}."""
+    import model as M
     import rollout
-    from rollout import DecodeStep
+    from benchmarks.common import busy_decoder
 
-    cache = model.new_cache(batch, max_len)
-    inputs = torch.randn(batch, model.cfg.hidden_size, device=device, dtype=torch_dtype(device)) * 0.02
-    modes = [True, False] if device.type == "cuda" else [False]
-    steps = {graphed: DecodeStep(model, cache, cuda_graph=graphed) for graphed in modes}
-    window = rollout.MIN_WINDOW
-    while True:
-        window = min(window, max_len)
-        positions = torch.full((batch,), window - 1, device=device)
+    graphed = device.type == "cuda"
+    decoder, sampler = busy_decoder(model, batch, max_len, cuda_graph=graphed)
+    if decoder.flash is not None:
+        emit({"bench": "rollout_grid", "part": "flash_layout", "batch": batch, "cache_len": decoder.max_len,
+              "chosen": "grouped" if decoder.flash.grouped else "split", "attention_ms": decoder.flash_timings})
+    if windows is None:
+        windows, window = [], rollout.MIN_WINDOW
+        while window < max_len:
+            windows.append(window)
+            window *= 2
+        windows.append(max_len)
+    layouts = {"sdpa_window": None}  # attention name -> model.FlashDecode (None: windowed SDPA, a graph each)
+    if decoder.flash is not None:
+        groups = model.cfg.num_heads // model.cfg.num_kv_heads
+        layouts = {f"flash_{'grouped' if grouped else 'split'}": M.flash_decode(
+            batch, decoder.max_len, groups, grouped, device) for grouped in (decoder.flash.grouped,
+                                                                            not decoder.flash.grouped)}
+        if not both_layouts:
+            layouts = dict(list(layouts.items())[:1])
+    model_steps = {}  # attention -> (run, positions): flash serves every window with one graph
+    whole_s = {}
+    for window in windows:
         floor = step_bytes(model, batch, window)
-        for graphed, step in steps.items():
-            what = {"part": "decode_step", "batch": batch, "window": window, "cuda_graph": graphed}
+        floor_s = floor["total"] / (bandwidth * 1e9)
+        # Every row at the window's last slot; each step moves it one on (`length`), reset before each step.
+        place = lambda: (decoder.state.prompt_len.fill_(window - 1), decoder.state.length.zero_())
+        parts = []
+        for name, flash in layouts.items():
+            if flash is None or name not in model_steps:
+                model_steps[name] = graphed_model_step(model, decoder, window if flash is None else None, flash)
+            run_model, positions = model_steps[name]
+            positions.fill_(window - 1)
+            parts.append(("decode_step_model", name, run_model, floor_s))
+        parts.append(("decode_step", list(layouts)[0], lambda: (place(), decoder.step(model, sampler, window)),
+                      floor_s + batch * model.cfg.vocab_size * 4 / (bandwidth * 1e9)))  # + the logits read once
+        for part, attention, run, floor_part_s in parts:
+            what = {"part": part, "batch": batch, "window": window, "cuda_graph": graphed, "attention": attention}
             if not grid.fits(0, what):
-                return
-            timings = [seconds_of(device, lambda: step(inputs, positions, window)) for _ in range(repeats + 3)]
+                return whole_s
+            timings = [seconds_of(device, run) for _ in range(repeats + 3)]
             median = statistics.median(timings[3:])
-            floor_s = floor["total"] / (bandwidth * 1e9)
+            if part == "decode_step":
+                whole_s[window] = grid.step_s[(batch, window)] = median
             emit({"bench": "rollout_grid", **what, "median_ms": round(1000 * median, 3),
-                  "min_ms": round(1000 * min(timings[3:]), 3), "floor_ms": round(1000 * floor_s, 3),
-                  # graphed: the capture (two warm-up steps, then the recording) that every rollout pays once
-                  # per window, since each generate call builds its own cache and graphs
-                  "first_call_ms": round(1000 * timings[0], 3),
-                  "over_floor": round(median / floor_s, 2), "bytes_weights": floor["weights"],
-                  "bytes_kv": floor["kv"], "bytes_logits": floor["logits"], "copy_gb_per_s": bandwidth})
-        if window == max_len:
-            break
-        window *= 2
-    del steps, cache
+                  "min_ms": round(1000 * min(timings[3:]), 3), "floor_ms": round(1000 * floor_part_s, 3),
+                  "first_call_ms": round(1000 * timings[0], 3), "over_floor": round(median / floor_part_s, 2),
+                  "bytes_weights": floor["weights"], "bytes_kv": floor["kv"], "bytes_logits": floor["logits"],
+                  "copy_gb_per_s": bandwidth})
+    return whole_s
 
 
 def implementations(model, twin, prompts, seed: int) -> dict:
@@ -142,14 +205,12 @@ def implementations(model, twin, prompts, seed: int) -> dict:
     table = build_neighbor_table(model.output_weight, 1)
     graphed = model.output_weight.device.type == "cuda"
 
-    def ours(explore: str, cuda_graph: bool, compiled: bool = False, fused: bool = False):
+    def ours(explore: str, cuda_graph: bool):
         exploration = Exploration(explore, mix_rate=0.1)  # paper-1.5b's rate
 
         def run(tokens: int):
-            with (compiled_decode_step() if compiled else contextlib.nullcontext(),
-                  fused_projections(model) if fused else contextlib.nullcontext()):
-                return generate(model, prompts.tolist(), Sampling(max_new_tokens=tokens), exploration,
-                                neighbor_table=table, seed=seed, cuda_graph=cuda_graph)
+            return generate(model, prompts.tolist(), Sampling(max_new_tokens=tokens), exploration,
+                            neighbor_table=table, seed=seed, cuda_graph=cuda_graph)
         return run
 
     def theirs(tokens: int):
@@ -158,14 +219,28 @@ def implementations(model, twin, prompts, seed: int) -> dict:
                              top_k=0, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
 
     return {"ours": ours("none", graphed), "ours_neighbor": ours("neighbor", graphed),
-            "ours_eager": ours("none", False), "ours_compiled": ours("none", graphed, compiled=True),
-            "ours_fused": ours("none", graphed, fused=True),
-            "transformers": theirs}
+            "ours_eager": ours("none", False), "transformers": theirs}
+
+
+def predicted_s(grid: Grid, impl: str, batch: int, window: float, steps: int) -> float:
+    """Seconds of `steps` decode steps of `impl` at `batch` rows and mean window: for ours, from the graphed step
+    measured at these rows and at least this window (+20%); else from its slowest measured seconds per step so
+    far, scaled up (never down) for more rows (by the square root: a step's weights are read once whatever the
+    rows) and for longer windows (linearly: pessimistic where the weights dominate); 0 when nothing ran yet."""
+    graphed = [w for (b, w) in grid.step_s if b == batch]  # ours: the graphed step measured at these rows
+    if impl in ("ours", "ours_neighbor") and graphed:
+        at = min([w for w in graphed if w >= window] or [max(graphed)])
+        return steps * grid.step_s[(batch, at)] * 1.2  # a rollout's step: within 20% of the graphed step
+    if impl not in grid.seconds_per_step:
+        return 0.0
+    per_step, (batch0, window0) = grid.seconds_per_step[impl], grid.measured_at[impl]
+    return steps * per_step * max(1.0, batch / batch0) ** 0.5 * max(1.0, window / window0)
 
 
 def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, impls: list[str], repeats: int,
-             grid: Grid, seed: int) -> None:
-    """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved."""
+             grid: Grid, seed: int, hf_warm_up: str) -> dict[str, float]:
+    """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved. Returns
+    {impl: median seconds}."""
     import torch
 
     vocab = model.cfg.vocab_size
@@ -173,29 +248,33 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
     runs = implementations(model, twin, prompts, seed)
     graphed = device.type == "cuda"
     base = {"part": "rollout", "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens}
-    # Warm-ups: ours, a short run (kernels chosen, workspaces allocated; its graphs are captured in every call,
-    # so capture is part of each timed run); transformers, a whole run: its first run at a length is far slower
-    # (37.6 s then 15.9 s at batch 64 x 512 on an H200), and the baseline gets the benefit of the doubt;
-    # ours_compiled, a whole run: it compiles once per attention window (the warm-up line reports how long).
-    warm_tokens = {impl: new_tokens if impl in ("transformers", "ours_compiled") else 32 for impl in impls}
+    # Warm-ups: ours, a short run (the first in the process compiles and captures: the cold start, reported;
+    # later calls reuse the graphs); transformers, a whole run with --hf-warm-up whole (its first run at a length
+    # is far slower: 37.6 s then 15.9 s at batch 64 x 512 on an H200; the baseline gets the benefit of the
+    # doubt) or a short one.
+    warm_tokens = {impl: new_tokens if impl == "transformers" and hf_warm_up == "whole" else 32 for impl in impls}
+    window = prompt_len + new_tokens / 2
     chosen, predicted = [], 0.0
     for impl in impls:  # in priority order, each predicted from its own seconds per step so far
         if impl == "ours_eager" and not graphed:
             continue
-        per_step = grid.seconds_per_step.get(impl)
-        alone = (repeats + warm_tokens[impl] / new_tokens) * new_tokens * per_step if per_step else 0.0
+        alone = predicted_s(grid, impl, batch, window, repeats * new_tokens + warm_tokens[impl])
         if grid.fits(predicted + alone, {**base, "impl": impl}):
             chosen.append(impl)
             predicted += alone
     warm_s = {}
     for impl in chosen:
         def warm(impl=impl):
-            warm_s[impl] = round(seconds_of(device, lambda: runs[impl](warm_tokens[impl])), 2)
+            cold = not grid.warmed
+            grid.warmed = True
+            warm_s[impl] = (round(seconds_of(device, lambda: runs[impl](warm_tokens[impl])), 2), cold)
         grid.attempt({**base, "impl": impl, "phase": "warm-up"}, warm)
     seconds = {impl: [] for impl in chosen if impl in warm_s}  # one whose warm-up failed is not timed
     peaks = {}
     for _ in range(repeats):
         for impl in list(seconds):
+            if not grid.fits(predicted_s(grid, impl, batch, window, new_tokens), {**base, "impl": impl}):
+                continue  # the budget ran out after all: the runs already made still count
 
             def timed(impl=impl):
                 if device.type == "cuda":
@@ -206,112 +285,42 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
             grid.attempt({**base, "impl": impl}, timed)
             if len(seconds[impl]) == 0:
                 del seconds[impl]  # it failed: not again
+            else:
+                grid.record(impl, max(seconds[impl]) / new_tokens, batch, window)
+    medians = {}
     for impl, timings in seconds.items():
-        median = statistics.median(timings)
-        grid.seconds_per_step[impl] = max(grid.seconds_per_step.get(impl, 0.0), median / new_tokens)
+        medians[impl] = median = statistics.median(timings)
         graph = impl not in ("ours_eager", "transformers") and graphed
         emit({"bench": "rollout_grid", **base, "impl": impl, "cuda_graph": graph,
               "tokens_per_s": round(batch * new_tokens / median, 1), "median_s": round(median, 3),
-              "runs_s": [round(t, 3) for t in timings], "warm_up_s": warm_s.get(impl),
-              "warm_up_tokens": warm_tokens[impl], "peak_gib": peaks.get(impl)})
-
-
-_COMPILED = {}
-
-
-@contextlib.contextmanager
-def compiled_decode_step():
-    """rollout.DecodeStep's forward under torch.compile for the duration (an experiment, not the library's
-    path yet): inductor fuses the step's chains of small kernels (RMSNorm in fp32, RoPE, SiLU x up, residual
-    adds: 2.1 of the 4.9 ms of a batch-64 step on an H200), and the CUDA graph captures the fused kernels. It
-    recompiles once for a second window size, then treats the window as dynamic."""
-    from unittest import mock
-
-    import torch
-
-    from rollout import DecodeStep
-
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    if "forward" not in _COMPILED:
-        _COMPILED["forward"] = torch.compile(DecodeStep._forward)
-    with mock.patch.object(DecodeStep, "_forward", _COMPILED["forward"]):
-        yield
-
-
-class FusedProduct:
-    """Linear layers that read the same input, as one matrix product over their concatenated weights (a copy)."""
-
-    def __init__(self, linears):
-        import torch
-
-        if len({linear.bias is None for linear in linears}) != 1:
-            raise ValueError("fused layers must all have a bias or all have none")
-        self.weight = torch.cat([linear.weight for linear in linears])
-        self.bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
-        self.sizes = [linear.out_features for linear in linears]
-        self.outputs = ()
-
-
-def fused_part(fused: FusedProduct, index: int):
-    """A module standing in for the index-th fused layer: the first computes the product for all of them, the
-    others return their slice of it. Their caller must call them in order on the same input, as
-    Attention.forward (q, k, v) and MLP.forward (gate, up) do."""
-    import torch.nn.functional as F
-    from torch import nn
-
-    class Part(nn.Module):
-        def forward(self, x):
-            if index == 0:
-                fused.outputs = F.linear(x, fused.weight, fused.bias).split(fused.sizes, dim=-1)
-            return fused.outputs[index]
-
-    return Part()
-
-
-@contextlib.contextmanager
-def fused_projections(model):
-    """Each layer's q/k/v projections as one matrix product, and its gate/up as another, for the duration (an
-    experiment, not the library's path yet): at batch 64 a decode step's matrix products took 2.2x their
-    weights' memory floor on an H200, and the k and v products (256 of 1,536 columns each at 1.5B) are the
-    smallest. The library's modules are put back on exit."""
-    swapped = []
-    try:
-        for layer in model.layers:
-            for owner, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")),
-                                 (layer.mlp, ("gate_proj", "up_proj"))):
-                fused = FusedProduct([getattr(owner, name) for name in names])
-                for index, name in enumerate(names):
-                    swapped.append((owner, name, getattr(owner, name)))
-                    setattr(owner, name, fused_part(fused, index))
-        yield
-    finally:
-        for owner, name, linear in swapped:
-            setattr(owner, name, linear)
+              "runs_s": [round(t, 3) for t in timings], "warm_up_s": warm_s[impl][0],
+              "warm_up_cold_start": warm_s[impl][1], "warm_up_tokens": warm_tokens[impl],
+              "peak_gib": peaks.get(impl)})
+    return medians
 
 
 def profile_step(model, device, batch: int, window: int, out: str | None, grid: Grid) -> None:
-    """torch.profiler over ten eager decode steps: the kernels by their device time (CPU: by CPU time)."""
-    import torch
+    """torch.profiler over ten eager decode steps (sampling included): the kernels by their device time (CPU:
+    by CPU time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from rollout import DecodeStep
+    from benchmarks.common import busy_decoder
 
     if not grid.fits(0, {"part": "profile"}):
         return
-    cache = model.new_cache(batch, window)
-    step = DecodeStep(model, cache, cuda_graph=False)
-    inputs = torch.randn(batch, model.cfg.hidden_size, device=device, dtype=torch_dtype(device)) * 0.02
-    positions = torch.full((batch,), window - 1, device=device)
+    decoder, sampler = busy_decoder(model, batch, window, cuda_graph=False)
+    decoder.state.prompt_len.fill_(window - 11)
     for _ in range(3):
-        step(inputs, positions, window)
+        decoder.step(model, sampler, window)
     sync(device)
+    decoder.state.length.zero_()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(10):
-            step(inputs, positions, window)
+            decoder.step(model, sampler, window)
         sync(device)
     key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=20)
+    table = prof.key_averages().table(sort_by=key, row_limit=25)
     note(f"profile of 10 eager decode steps, batch {batch}, window {window}:\n{table}")
     if out:
         with open(out, "w") as f:
@@ -334,21 +343,35 @@ def bench_rollout_grid(args: argparse.Namespace) -> None:
     model = random_model(shape_config(args.shape), dtype=torch_dtype(device), device=device, seed=0).eval()
     twin = transformers_twin(model)
     impls = [impl.strip() for impl in args.impls.split(",")]
+    configs = [(batch, new_tokens, args.repeats) for new_tokens in args.new_tokens for batch in args.batches]
+    if args.configs:  # BATCHxTOKENS[xREPEATS], in the order given
+        configs = [tuple(int(n) for n in c.split("x")) + (args.repeats,) * (c.count("x") == 1)
+                   for c in args.configs]
     with torch.no_grad():
-        if not args.skip_steps:
-            grid.attempt({"part": "decode_step"}, lambda: decode_steps(
-                model, device, args.batch_for_steps, args.prompt_len + max(args.new_tokens), args.step_repeats,
-                bandwidth, grid))
-            profile_window = args.prompt_len + min(args.new_tokens)  # the first grid row's longest window
-            grid.attempt({"part": "profile"}, lambda: profile_step(
-                model, device, args.batch_for_steps, profile_window, args.profile_out, grid))
-        configs = [(batch, new_tokens, args.repeats) for new_tokens in args.new_tokens for batch in args.batches]
-        if args.configs:  # BATCHxTOKENS[xREPEATS], in the order given
-            configs = [tuple(int(n) for n in c.split("x")) + (args.repeats,) * (c.count("x") == 1)
-                       for c in args.configs]
-        for batch, new_tokens, repeats in configs:
-            grid.attempt({"part": "rollout", "batch": batch, "new_tokens": new_tokens}, lambda: rollouts(
-                model, twin, device, batch, args.prompt_len, new_tokens, impls, repeats, grid, args.seed))
+        for index, (batch, new_tokens, repeats) in enumerate(configs):
+            medians = {}
+            grid.attempt({"part": "rollout", "batch": batch, "new_tokens": new_tokens}, lambda: medians.update(
+                rollouts(model, twin, device, batch, args.prompt_len, new_tokens, impls, repeats, grid, args.seed,
+                         args.hf_warm_up)))
+            if "ours" in medians and not args.skip_steps:  # the rollout's step against the graphed step alone
+                mean_window = args.prompt_len + new_tokens // 2
+                steps = {}
+                grid.attempt({"part": "rollout_vs_step"}, lambda: steps.update(decode_steps(
+                    model, device, batch, args.prompt_len + new_tokens, args.step_repeats, bandwidth, grid,
+                    windows=[mean_window])))
+                if mean_window in steps:
+                    per_token = medians["ours"] / new_tokens
+                    emit({"bench": "rollout_grid", "part": "rollout_vs_step", "batch": batch,
+                          "new_tokens": new_tokens, "rollout_ms_per_step": round(1000 * per_token, 3),
+                          "graphed_step_ms": round(1000 * steps[mean_window], 3), "mean_window": mean_window,
+                          "ratio": round(per_token / steps[mean_window], 3)})
+            if index == 0 and not args.skip_steps:
+                longest = args.prompt_len + max(c[1] for c in configs)
+                grid.attempt({"part": "decode_step"}, lambda: decode_steps(
+                    model, device, args.batch_for_steps, longest, args.step_repeats, bandwidth, grid,
+                    both_layouts=True))
+                grid.attempt({"part": "profile"}, lambda: profile_step(
+                    model, device, args.batch_for_steps, args.prompt_len + new_tokens, args.profile_out, grid))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     note(f"rollout-grid: {time.perf_counter() - grid.start:.0f} s of a {args.budget_s:.0f} s budget")
@@ -368,9 +391,11 @@ def add_parser(subparsers) -> None:
     grid.add_argument("--skip-steps", action="store_true", help="rollouts only: no decode-step floors or profile")
     grid.add_argument("--prompt-len", type=int, default=256, help="tokens per prompt")
     grid.add_argument("--impls", default="ours,ours_neighbor,ours_eager,transformers",
-                      help="comma-separated: ours (graphed), ours_neighbor (graphed, mixing at rate 0.1), "
-                           "ours_eager, ours_compiled (graphed, the step under torch.compile), ours_fused "
-                           "(graphed, q/k/v and gate/up each one matrix product), transformers")
+                      help="comma-separated: ours (the library's default: graphed on a GPU), ours_neighbor (the "
+                           "same with neighbor mixing at rate 0.1), ours_eager (no CUDA graph), transformers")
+    grid.add_argument("--hf-warm-up", choices=["whole", "short"], default="whole",
+                      help="transformers' warm-up: a whole run at each length (its first run there is far "
+                           "slower) or a 32-token one")
     grid.add_argument("--repeats", type=int, default=2, help="timed rollouts per configuration (median)")
     grid.add_argument("--batch-for-steps", type=int, default=64, help="rows of the decode-step measurements")
     grid.add_argument("--step-repeats", type=int, default=20, help="timed decode steps per window")

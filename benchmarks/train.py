@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import BENCH, SHAPES, emit, note, rss_mb, shape_config, transformers_twin
+from benchmarks.common import sync as sync_device
 from benchmarks.train_long_tail import add_arguments as add_long_tail_arguments
 from benchmarks.train_long_tail import bench_train_long_tail
 
@@ -69,7 +70,14 @@ def train_steps(model, twin, ids, chunk_tokens: int, autocast) -> dict:
             logp = theirs_logprobs(twin, ids)
         (logp * mask).sum().backward()
 
-    return {"ours": ours, "transformers": theirs}
+    def ours_compiled():  # the blocks under torch.compile (Transformer.compile_layers), for the duration
+        model.compile_layers()
+        try:
+            ours()
+        finally:
+            model.compile_layers(False)
+
+    return {"ours": ours, "ours_compiled": ours_compiled, "transformers": theirs}
 
 
 def cpu_step_memory_mb(args: argparse.Namespace, impl: str) -> float:
@@ -118,6 +126,10 @@ def bench_train(args: argparse.Namespace) -> None:
     else:
         autocast = contextlib.nullcontext
     steps = train_steps(model, twin, ids, args.chunk_tokens, autocast)
+    if device.type == "cpu" or args.memory_of:  # compiling for a CPU is not what this measures
+        steps.pop("ours_compiled")
+    if args.impls:
+        steps = {impl: step for impl, step in steps.items() if impl in args.impls.split(",")}
 
     if args.memory_of:  # the child process of cpu_step_memory_mb
         if device.type != "cpu":
@@ -145,9 +157,13 @@ def bench_train(args: argparse.Namespace) -> None:
     else:
         peak = {impl: 0.0 for impl in steps}
     seconds = {impl: [] for impl in steps}
-    for step in steps.values():  # warm-up
+    warm_up_s = {}
+    for impl, step in steps.items():  # warm-up (ours_compiled: its compile)
         model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
         step()
+        sync_device(device)
+        warm_up_s[impl] = round(time.perf_counter() - start, 2)
     # Round-robin over the implementations, so that drift in the machine's speed hits both alike.
     for _ in range(args.repeats):
         for impl, step in steps.items():
@@ -162,11 +178,31 @@ def bench_train(args: argparse.Namespace) -> None:
                 torch.cuda.synchronize()
                 peak[impl] = max(peak[impl], round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1))
             seconds[impl].append(time.perf_counter() - start)
+    if args.profile_out and device.type == "cuda":
+        profile_steps(model, steps, args.profile_out)
     for impl, timings in seconds.items():
         emit({"bench": "train", "impl": impl, "device": device.type, "shape": args.shape, "batch": args.batch,
               "seq_len": args.seq_len, "tokens_per_s": round(args.batch * args.seq_len / statistics.median(timings), 1),
               "median_s": round(statistics.median(timings), 4), "min_s": round(min(timings), 4),
-              "peak_mem_mb": peak[impl], "grad_checkpointing": args.grad_checkpointing, "fp32_logp_gap": gap})
+              "peak_mem_mb": peak[impl], "grad_checkpointing": args.grad_checkpointing, "fp32_logp_gap": gap,
+              "warm_up_s": warm_up_s[impl]})
+
+
+def profile_steps(model, steps: dict, out: str) -> None:
+    """torch.profiler over one step of each implementation: its kernels by device time, into `out`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with open(out, "w") as f:
+        for impl, step in steps.items():
+            model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="device_time_total", row_limit=30)
+            f.write(f"== {impl}: one forward + backward\n{table}\n")
+    note(f"train: profiles in {out}")
 
 
 def add_parser(subparsers) -> None:
@@ -183,6 +219,10 @@ def add_parser(subparsers) -> None:
     train.add_argument("--grad-checkpointing", action="store_true", help="recompute each block in backward (both)")
     train.add_argument("--repeats", type=int, default=None, help="timed runs per implementation, median reported "
                        "(default: 10 on cpu, 5 on cuda)")
+    train.add_argument("--impls", default=None, help="comma-separated subset of ours, ours_compiled (cuda: the "
+                       "blocks under torch.compile, an experiment), transformers (default: all)")
+    train.add_argument("--profile-out", default=None, help="cuda: also profile one step of each implementation "
+                       "into this file")
     train.add_argument("--memory-of", choices=["ours", "transformers"], default=None,
                        help="internal: measure one implementation's memory in this fresh process (see bench_train)")
     add_long_tail_arguments(train)

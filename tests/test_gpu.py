@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
+import rollout
 import train
 from config import preset
 from neighbors import build_neighbor_table
@@ -86,6 +87,118 @@ def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
     mask = rollout.response_mask()
     assert rollout.mixed.any()
     assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4
+
+
+def bf16_copy(models):
+    ours = copy.deepcopy(models[1]).to(torch.bfloat16)
+    rollout.release_decoder(ours)
+    return ours
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("grouped", [False, True])
+def test_flash_decode_attention_reads_each_rows_own_slots_and_equals_sdpa(grouped):
+    """The variable-length FlashAttention kernel the bf16 decode step uses, in either layout: each row attends to
+    its slots 0..position and to nothing after (noise written there changes nothing), as masked SDPA computes."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    S, M_, H, Hkv, D = 5, 200, 12, 2, 128
+    q = torch.randn(S, H, D, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(S, M_, Hkv, D, device="cuda", generator=g).bfloat16() for _ in range(2))
+    positions = torch.tensor([0, 7, 63, 150, 199], device="cuda")
+    plan = M.flash_decode(S, M_, H // Hkv, grouped, "cuda")
+    q_in = q.view(S, Hkv, H // Hkv, D).transpose(1, 2).contiguous() if grouped else q
+    flash = M.decode_attention(q_in, k, v, positions, flash=plan)
+    masked = M.decode_attention(q, k, v, positions, mask=torch.arange(M_, device="cuda") <= positions[:, None])
+    assert (flash.float() - masked.float()).norm() / masked.float().norm() < 1e-2
+    beyond = torch.arange(M_, device="cuda")[None, :] > positions[:, None]  # [S, M]
+    k[beyond], v[beyond] = 100.0, -100.0
+    assert torch.equal(M.decode_attention(q_in, k, v, positions, flash=plan), flash)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_bf16_fast_step_matches_the_full_forward(models, grouped):
+    """The bf16 decode step as rollouts run it on a GPU (inductor-compiled elementwise functions, fused q/k/v and
+    gate/up, FlashAttention over each row's own length) against the full forward of the same bf16 weights."""
+    ours = bf16_copy(models)
+    M.fuse_projections(ours)
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, V, (n,), generator=g).cuda() for n in (3, 9, 17, 40)]
+    S, max_len, steps = len(rows), 64, 6
+    cache = ours.new_cache(S, max_len)
+    ops, plan = M.decode_ops("inductor"), M.flash_decode(S, max_len, 2, grouped, "cuda")  # 4 heads, 2 KV heads
+    width = max(len(r) for r in rows)
+    prompt_ids = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
+    ours.forward_hidden(prompt_ids, cache=cache, cache_pos=0)
+    extra = torch.randint(0, V, (S, steps), generator=g).cuda()
+    for t in range(steps):
+        positions = torch.tensor([len(r) + t for r in rows], device="cuda")
+        hidden = M.decode_hidden(ours, ours.embed_tokens(extra[:, t]), positions, cache, ops=ops, flash=plan)
+        logits = torch.nn.functional.linear(hidden, ours.output_weight).float()
+        for b, row in enumerate(rows):
+            full = ours(torch.cat([row, extra[b, : t + 1]])[None])[0, -1].float()
+            assert (logits[b] - full).norm() / full.norm() < 2e-2
+
+
+@torch.no_grad()
+def test_graphs_are_captured_once_and_reused_by_later_calls(models):
+    """The bf16 graphed step serves every length: one capture for the first call, none for later calls of the
+    same sampling settings (other prompts, seeds, lengths), whose rows equal a fresh decoder's."""
+    ours = bf16_copy(models)
+    table = build_neighbor_table(ours.output_weight, 1)
+    kwargs = dict(sampling=Sampling(temperature=0.8, max_new_tokens=90, stop_ids=(0, 50)), neighbor_table=table,
+                  exploration=Exploration("neighbor", mix_rate=0.3), slots=3)
+    generate(ours, PROMPTS, seed=1, **kwargs)
+    decoder = rollout._DECODERS[ours]
+    assert decoder.flash is not None and decoder.captures == 1
+    later = generate(ours, [p[::-1] for p in PROMPTS[:4]] + [[9] * 30], seed=2, **kwargs)
+    assert rollout._DECODERS[ours] is decoder and decoder.captures == 1
+    rollout.release_decoder(ours)
+    fresh = generate(ours, [p[::-1] for p in PROMPTS[:4]] + [[9] * 30], seed=2, **kwargs)
+    for name in rollout.ROW_TENSORS:
+        assert torch.equal(getattr(later, name), getattr(fresh, name)), name
+
+
+@torch.no_grad()
+def test_a_decode_step_never_waits_for_the_host(models):
+    """Sampling, the mixing draw, stop checks and the record stay on the GPU: with CUDA's sync debug mode set to
+    raise, eager decode steps (sampler and model, what a graph captures) run through."""
+    ours = bf16_copy(models)
+    table = build_neighbor_table(ours.output_weight, 1)
+    sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=40, stop_ids=(3,))
+    exploration = Exploration("neighbor", mix_rate=0.5, stop_mixing_id=7)
+    generate(ours, PROMPTS, sampling, exploration, neighbor_table=table, cuda_graph=False)  # compiles, warms up
+    decoder = rollout._DECODERS[ours]
+    sampler = decoder.begin(ours, sampling, exploration, 0, table)
+    rows = torch.arange(len(PROMPTS), device="cuda")
+    decoder.state.fill(rows, rows, rows, torch.full_like(rows, 4))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(rollout.SYNC_EVERY):
+            decoder.step(ours, sampler, 64)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(decoder.state.length.sum()) == len(PROMPTS) * rollout.SYNC_EVERY
+
+
+def test_the_fused_log_prob_kernels_equal_the_log_softmax_path():
+    """On a GPU ngrpo.token_logprobs runs compiled kernels (logprob_stats, logits_grad); their log-probs, entropies
+    and gradients equal the CPU's log_softmax path on the same numbers (fp32), with a temperature and a last
+    chunk shorter than the others."""
+    from ngrpo import token_logprobs
+
+    g = torch.Generator().manual_seed(4)
+    hidden, weight = torch.randn(3, 70, 32, generator=g), torch.randn(1000, 32, generator=g) * 0.3
+    labels, upstream = torch.randint(0, 1000, (3, 70), generator=g), torch.randn(3, 70, generator=g)
+    results = []
+    for device in ("cpu", "cuda"):
+        h, w = hidden.to(device).requires_grad_(), weight.to(device).requires_grad_()
+        logp, entropy = token_logprobs(h, w, labels.to(device), temperature=0.7, chunk_tokens=64)
+        (logp * upstream.to(device)).sum().backward()
+        results.append([t.detach().cpu() for t in (logp, entropy, h.grad, w.grad)])
+    for ours, reference in zip(*results):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("metric", ["cosine", "dot", "l2", "l1"])

@@ -3,6 +3,7 @@
 transformers is the oracle throughout: its models are built from random-weight configs of each family,
 saved with `save_pretrained`, loaded with our `load_model`, and compared logit for logit."""
 
+import copy
 import json
 
 import pytest
@@ -217,6 +218,66 @@ def test_per_row_cache_positions_match_each_rows_full_forward(pair):
         for b, (row, n) in enumerate(zip(rows, lengths)):
             expected = hf(row[None, : n + t + 1]).logits[0, -1]
             assert (logits[b, 0] - expected).abs().max() < TOL
+
+
+def decode_rows(ours, rows, lengths, steps: int, max_len: int, window: int | None, fuse: bool = False):
+    """decode_hidden's logits for `steps` steps of each row after its prompt (rows of different lengths, each
+    prefilled into its own cache row, stale noise past its position): [steps, B, V]."""
+    g = torch.Generator().manual_seed(12)
+    cache = ours.new_cache(len(rows), max_len)
+    cache.k.normal_(generator=g), cache.v.normal_(generator=g)
+    width = max(lengths)
+    prompt_ids = torch.stack([torch.cat([r[:n], r.new_zeros(width - n)]) for r, n in zip(rows, lengths)])
+    ours.forward_hidden(prompt_ids, cache=cache, cache_pos=0)
+    if fuse:
+        ours = copy.deepcopy(ours)  # the module's model stays as loaded
+        M.fuse_projections(ours)
+    out = []
+    for t in range(steps):
+        positions = torch.tensor(lengths) + t
+        inputs = ours.embed_tokens(torch.stack([r[n + t] for r, n in zip(rows, lengths)]))
+        hidden = M.decode_hidden(ours, inputs, positions, cache, ops=M.decode_ops(None), window=window)
+        out.append(torch.nn.functional.linear(hidden, ours.output_weight))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("fuse", [False, True])
+def test_the_samplers_decode_step_matches_each_rows_full_forward(pair, fuse):
+    """decode_hidden (the step the sampler's graphs capture): each row at its own position of its own cache row,
+    over a window of the cache; with q/k/v and gate/up fused into one matrix each, the same numbers."""
+    hf, ours, _ = pair
+    g = torch.Generator().manual_seed(13)
+    lengths, steps = [2, 5, 3], 4
+    rows = [torch.randint(0, 101, (n + steps,), generator=g) for n in lengths]
+    logits = decode_rows(ours, rows, lengths, steps, max_len=16, window=12, fuse=fuse)
+    for t in range(steps):
+        for b, (row, n) in enumerate(zip(rows, lengths)):
+            expected = hf(row[None, : n + t + 1]).logits[0, -1]
+            assert (logits[t, b] - expected).abs().max() < TOL
+
+
+@torch.no_grad()
+def test_fused_projections_keep_names_and_values_and_follow_in_place_writes():
+    """fuse_projections makes the separate layers views of one matrix: the state_dict is the same, a write into a
+    layer's weight (the sampler copy's refresh) is a write into the fused matrix, and a replaced parameter is
+    noticed and fused again."""
+    hf = make_hf_model("qwen2", seed=3)
+    ours = M.Transformer(M.ModelConfig.from_hf(hf.config.to_dict()))
+    ours.load_state_dict({k.removeprefix("model."): v for k, v in hf.state_dict().items()})
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    assert M.fuse_projections(ours) and not M.fuse_projections(ours)  # the second call finds it fused
+    after = ours.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    attn = ours.layers[1].self_attn
+    q, k, v = attn.qkv[0].split(attn.qkv_sizes)
+    assert torch.equal(k, before["layers.1.self_attn.k_proj.weight"])
+    attn.k_proj.weight.copy_(torch.full_like(attn.k_proj.weight, 0.5))  # an in-place refresh
+    assert bool((attn.qkv[0].split(attn.qkv_sizes)[1] == 0.5).all())
+    attn.v_proj.weight = torch.nn.Parameter(torch.zeros_like(attn.v_proj.weight))  # a replacement
+    assert M.fuse_projections(ours)
+    assert bool((attn.qkv[0].split(attn.qkv_sizes)[2] == 0).all())
+    assert torch.equal(attn.qkv[0].split(attn.qkv_sizes)[0], before["layers.1.self_attn.q_proj.weight"])
 
 
 @torch.no_grad()

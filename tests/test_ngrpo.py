@@ -262,9 +262,18 @@ def random_hidden_weight_labels(seed=0, shape=(3, 7), d=16, vocab=50):
     return hidden, weight, labels
 
 
+@pytest.fixture(params=["log_softmax", "fused"])
+def logprob_path(request, monkeypatch):
+    """Both ways ChunkedLogprobs computes a chunk: log_softmax (a CPU) and the fused functions a GPU compiles
+    (logprob_stats, logits_grad), here run as written."""
+    if request.param == "fused":
+        monkeypatch.setattr(ngrpo, "_fused_or_none", lambda device: (ngrpo.logprob_stats, ngrpo.logits_grad))
+    return request.param
+
+
 @pytest.mark.parametrize("chunk_tokens", [1, 4, 5, 21, 1024])  # 21 tokens: 4 and 5 do not divide it
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_equal_a_full_log_softmax(chunk_tokens, temperature):
+def test_token_logprobs_equal_a_full_log_softmax(chunk_tokens, temperature, logprob_path):
     hidden, weight, labels = random_hidden_weight_labels()
     logp, entropy = ngrpo.token_logprobs(hidden, weight, labels, temperature=temperature, chunk_tokens=chunk_tokens)
     ref_logp, ref_entropy = full_log_softmax(hidden, weight, labels, temperature)
@@ -274,7 +283,7 @@ def test_token_logprobs_equal_a_full_log_softmax(chunk_tokens, temperature):
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 4, 5, 1024])
-def test_token_logprobs_gradient_equals_the_unchunked_reference(chunk_tokens):
+def test_token_logprobs_gradient_equals_the_unchunked_reference(chunk_tokens, logprob_path):
     hidden, weight, labels = random_hidden_weight_labels(seed=1)
     upstream = torch.randn(labels.shape, generator=seeded(2))  # a loss that weighs each token differently
     grads = []

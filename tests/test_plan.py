@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import plan
+import rollout
 import train
 from config import Config, preset
 from model import ModelConfig, Transformer
@@ -77,7 +78,9 @@ def test_one_cpu_samples_with_the_policy_and_keeps_the_reference_in_fp32():
 def test_kv_cache_row_is_what_the_sampler_allocates():
     p = plan.plan_memory(small_cfg(), SMALL, gpus=1, device="cpu", prompt_tokens=40)
     with torch.device("meta"):
-        cache = Transformer(SMALL).new_cache(16, 40 + 156)
+        model = Transformer(SMALL)
+    cache = rollout.decoder_for(model, 16, 40 + 156, cuda_graph=False).cache  # as generate allocates it
+    rollout.release_decoder(model)
     allocated = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
     assert rows_of(p)["KV cache"].rollout == allocated
 

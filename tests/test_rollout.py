@@ -275,8 +275,8 @@ def test_on_a_cpu_the_loop_ends_with_its_last_row(models, monkeypatch):
     _, ours = models
     greedy = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30))
     stops = tuple({response[4] for response in greedy.responses()})  # every row ends by its 5th token
-    steps, real_step = [], rollout.DecodeStep.__call__
-    monkeypatch.setattr(rollout.DecodeStep, "__call__",
+    steps, real_step = [], rollout.Decoder.step
+    monkeypatch.setattr(rollout.Decoder, "step",
                         lambda self, *args, **kwargs: steps.append(1) or real_step(self, *args, **kwargs))
     stopped = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30, stop_ids=stops))
     longest = int(stopped.lengths.max())
@@ -469,3 +469,83 @@ def test_replay_only_records_the_mixtures_the_sampler_mode_feeds(models):
             cand = [anchor, (anchor + 1) % V, (anchor + 2) % V]  # ring_table's neighbors
             assert recorded.cand_ids[row, t].tolist() == cand
             assert torch.allclose(recorded.cand_weights[row, t], (p[t, cand] / tau).softmax(-1), atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_later_call_reuses_the_decoder_and_gives_what_a_fresh_one_gives(models):
+    """generate keeps the model's Decoder (KV cache, buffers, graphs) for the next call that fits: nothing of
+    one call (its rows' cache, slots, seed, neighbor table) leaks into the next, whose rows are what a fresh
+    Decoder gives them."""
+    _, ours = models
+    table = ring_table(V, 2)
+    kwargs = dict(sampling=Sampling(temperature=0.9, max_new_tokens=20, stop_ids=(3, 7)), neighbor_table=table,
+                  exploration=Exploration("neighbor", mix_rate=0.5, num_neighbors=2), slots=2)
+    rollout.release_decoder(ours)
+    generate(ours, PROMPTS, seed=1, **kwargs)
+    decoder = rollout._DECODERS[ours]
+    later = generate(ours, PROMPTS[::-1], seed=2, **kwargs)  # other prompts in other slots, another seed
+    assert rollout._DECODERS[ours] is decoder
+    rollout.release_decoder(ours)
+    fresh = generate(ours, PROMPTS[::-1], seed=2, **kwargs)
+    assert rollout._DECODERS[ours] is not decoder
+    for name in rollout.ROW_TENSORS:
+        assert torch.equal(getattr(later, name), getattr(fresh, name)), name
+    bigger = generate(ours, [p * 20 for p in PROMPTS], seed=2, **kwargs)  # longer prompts: a larger cache
+    assert rollout._DECODERS[ours].max_len >= max(len(p) * 20 for p in PROMPTS) + 20
+    assert bigger.lengths.shape == (len(PROMPTS),)
+
+
+@torch.no_grad()
+def test_the_compiled_step_compiles_once_whatever_the_rows_lengths_and_cache(models, monkeypatch):
+    """The decode step's elementwise functions run under torch.compile (on a GPU, inductor) with the rows and the
+    cache's positions as dynamic sizes: the first step compiles them, and nothing recompiles afterwards, across
+    windows, prompt lengths, caches, batch sizes, calls, seeds and strategies. (Counted with dynamo's eager
+    backend: the same tracing and guards.)"""
+    from torch._dynamo.utils import counters
+
+    _, ours = models
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(rollout, "compile_backend", lambda device: "eager")
+    M._DECODE_OPS.pop("eager", None)  # fresh compiled functions for this test
+    rollout.release_decoder(ours)
+    sampling = Sampling(temperature=1.0, max_new_tokens=70)  # windows 64 and 128
+    compiled = generate(ours, PROMPTS, sampling, seed=4)
+    warm = counters["stats"]["unique_graphs"]
+    assert warm > 0
+    generate(ours, [p + [1] * 9 for p in PROMPTS], sampling, Exploration("soft", mix_rate=1.0, top_k=3), seed=5)
+    generate(ours, PROMPTS[:2] * 2, Sampling(temperature=0.5, max_new_tokens=30), seed=6)
+    generate(ours, PROMPTS[:3], sampling, seed=7)  # another batch size
+    generate(ours, [p * 40 for p in PROMPTS[:2]], sampling, seed=8)  # another batch size, a longer cache
+    assert counters["stats"]["unique_graphs"] == warm
+    # The compiled functions compute what the plain ones do.
+    monkeypatch.setattr(rollout, "compile_backend", lambda device: None)
+    rollout.release_decoder(ours)
+    plain = generate(ours, PROMPTS, sampling, seed=4)
+    for name in rollout.ROW_TENSORS:
+        assert torch.equal(getattr(compiled, name), getattr(plain, name)), name
+    rollout.release_decoder(ours)
+    M._DECODE_OPS.pop("eager", None)
+
+
+@torch.no_grad()
+def test_a_decoder_whose_compiled_functions_fail_decodes_without_them(models, monkeypatch):
+    """Where torch.compile cannot build the step's fused functions (no C compiler for Triton, say), the first step
+    says so in a warning and every step runs the plain functions: the same rows as a decoder without them."""
+    _, ours = models
+
+    def broken_backend(graph_module, example_inputs):
+        raise RuntimeError("no C compiler here")
+
+    monkeypatch.setattr(rollout, "compile_backend", lambda device: broken_backend)
+    rollout.release_decoder(ours)
+    sampling = Sampling(temperature=1.0, max_new_tokens=12)
+    with pytest.warns(UserWarning, match="without torch.compile"):
+        fallen_back = generate(ours, PROMPTS, sampling, seed=9)
+    rollout.release_decoder(ours)
+    M._DECODE_OPS.pop(broken_backend, None)
+    monkeypatch.setattr(rollout, "compile_backend", lambda device: None)
+    plain = generate(ours, PROMPTS, sampling, seed=9)
+    for name in rollout.ROW_TENSORS:
+        assert torch.equal(getattr(fallen_back, name), getattr(plain, name)), name
+    rollout.release_decoder(ours)

@@ -13,7 +13,6 @@ import torch
 from benchmarks import rollout_grid
 from benchmarks.common import SHARED_DATA
 from model import ModelConfig, Transformer, random_model
-from rollout import DecodeStep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,26 +67,22 @@ def test_the_grid_skips_what_its_budget_cannot_fit_and_says_so():
     assert skipped == {(1000000, "ours"), (1000000, "transformers")}
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_fused_projections_decode_as_the_separate_layers_do_and_are_put_back(bias):
-    # Reference: the same model with its own nn.Linear layers, one product each.
-    cfg = ModelConfig(family="qwen2", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=bias, mlp_bias=bias)
-    model = random_model(cfg, seed=0).eval()
-    originals = [(layer.self_attn.k_proj, layer.mlp.up_proj) for layer in model.layers]
-    inputs = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+def test_the_budget_predicts_longer_and_wider_runs_from_what_ran_never_less():
+    """What was measured at 64 rows x a mean window of 512 predicts a run at 256 rows (x2: the square root of
+    the rows) and a mean window of 2,304 (x4.5: linear in the window), and never scales down."""
+    grid = rollout_grid.Grid(budget_s=100.0)
+    assert rollout_grid.predicted_s(grid, "transformers", 64, 512, 512) == 0.0  # nothing known yet
+    grid.record("transformers", 0.02, 64, 512)
+    grid.record("transformers", 0.01, 64, 512)  # a faster later run does not lower the estimate
+    assert rollout_grid.predicted_s(grid, "transformers", 64, 512, 100) == pytest.approx(2.0)
+    assert rollout_grid.predicted_s(grid, "transformers", 256, 2304, 100) == pytest.approx(2.0 * 2 * 4.5)
+    assert rollout_grid.predicted_s(grid, "transformers", 8, 64, 100) == pytest.approx(2.0)
 
-    def decode(steps: int) -> torch.Tensor:
-        step = DecodeStep(model, model.new_cache(3, 16), cuda_graph=False)
-        return torch.stack([step(inputs, torch.full((3,), t), 16).clone() for t in range(steps)])
 
-    with torch.no_grad():
-        expected = decode(5)
-        with rollout_grid.fused_projections(model):
-            assert type(model.layers[0].self_attn.k_proj) is not torch.nn.Linear
-            got = decode(5)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert [(layer.self_attn.k_proj, layer.mlp.up_proj) for layer in model.layers] == originals
-    with pytest.raises(RuntimeError, match="inside"), rollout_grid.fused_projections(model):
-        raise RuntimeError("inside")
-    assert [(layer.self_attn.k_proj, layer.mlp.up_proj) for layer in model.layers] == originals
+def test_the_budget_predicts_our_rollouts_from_the_graphed_step_at_their_window():
+    grid = rollout_grid.Grid(budget_s=100.0)
+    grid.step_s.update({(64, 512): 0.004, (64, 4096): 0.006})
+    assert rollout_grid.predicted_s(grid, "ours", 64, 2304, 1000) == pytest.approx(1000 * 0.006 * 1.2)
+    assert rollout_grid.predicted_s(grid, "ours", 64, 300, 1000) == pytest.approx(1000 * 0.004 * 1.2)
+    assert rollout_grid.predicted_s(grid, "ours", 64, 9000, 1000) == pytest.approx(1000 * 0.006 * 1.2)
+    assert rollout_grid.predicted_s(grid, "ours", 256, 300, 1000) == 0.0  # no step measured at 256 rows
