@@ -17,7 +17,8 @@ Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that 
 import argparse
 import importlib
 
-BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal", "manifest", "torchrun-check")
+BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal", "manifest",
+              "torchrun-check")
 
 
 def main() -> None:

@@ -86,16 +86,16 @@ def bench_torchrun_check(args: argparse.Namespace) -> None:
     replace(preset(args.preset), **settings).save_json(config)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone"]
     plain, dist, resumed = work / "plain", work / "torchrun", work / "resumed"
+    first = plain / "checkpoints" / "step-1"
+    facts = {"preset": args.preset, "layers": args.layers, "device": args.device}
+    # Each comparison is printed as soon as its runs are done: a time limit that stops the resume keeps it.
     run_train([sys.executable], plain, config, [])
     run_train(torchrun, dist, config, [])
+    emit({**compare("torchrun_vs_plain", dist, plain, first), **facts})
     run_train(torchrun, resumed, config, ["--max-steps", str(args.steps - 1)])
     run_train(torchrun, resumed, config, ["--resume"])
-    first = plain / "checkpoints" / "step-1"
-    for name, ours in (("torchrun_vs_plain", dist), ("resumed_torchrun_vs_plain", resumed)):
-        emit({**compare(name, ours, plain, first), "preset": args.preset, "layers": args.layers,
-              "device": args.device})
-    emit({**compare("resumed_vs_uninterrupted_torchrun", resumed, dist, first), "preset": args.preset,
-          "layers": args.layers, "device": args.device})
+    emit({**compare("resumed_torchrun_vs_plain", resumed, plain, first), **facts})
+    emit({**compare("resumed_vs_uninterrupted_torchrun", resumed, dist, first), **facts})
 
 
 def add_parser(subparsers) -> None:

@@ -156,8 +156,23 @@ def bench_train(args: argparse.Namespace) -> None:
         peak = {impl: cpu_step_memory_mb(args, impl) for impl in steps}
     else:
         peak = {impl: 0.0 for impl in steps}
-    seconds = {impl: [] for impl in steps}
-    warm_up_s = {}
+    seconds, warm_up_s = timed_steps(model, steps, args.repeats, device, peak)
+    if args.profile_out and device.type == "cuda":
+        profile_steps(model, steps, args.profile_out)
+    for impl, timings in seconds.items():
+        emit({"bench": "train", "impl": impl, "device": device.type, "shape": args.shape, "batch": args.batch,
+              "seq_len": args.seq_len, "tokens_per_s": round(args.batch * args.seq_len / statistics.median(timings), 1),
+              "median_s": round(statistics.median(timings), 4), "min_s": round(min(timings), 4),
+              "peak_mem_mb": peak[impl], "grad_checkpointing": args.grad_checkpointing, "fp32_logp_gap": gap,
+              "warm_up_s": warm_up_s[impl]})
+
+
+def timed_steps(model, steps: dict, repeats: int, device, peak: dict) -> tuple[dict, dict]:
+    """({impl: seconds of each timed step}, {impl: seconds of its warm-up step}); on CUDA `peak` gets each impl's
+    largest allocator peak over what was allocated before its step (MB)."""
+    import torch
+
+    seconds, warm_up_s = {impl: [] for impl in steps}, {}
     for impl, step in steps.items():  # warm-up (ours_compiled: its compile)
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
@@ -165,7 +180,7 @@ def bench_train(args: argparse.Namespace) -> None:
         sync_device(device)
         warm_up_s[impl] = round(time.perf_counter() - start, 2)
     # Round-robin over the implementations, so that drift in the machine's speed hits both alike.
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for impl, step in steps.items():
             model.zero_grad(set_to_none=True)  # each step allocates its own .grad, as a training step does
             if device.type == "cuda":
@@ -178,14 +193,7 @@ def bench_train(args: argparse.Namespace) -> None:
                 torch.cuda.synchronize()
                 peak[impl] = max(peak[impl], round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1))
             seconds[impl].append(time.perf_counter() - start)
-    if args.profile_out and device.type == "cuda":
-        profile_steps(model, steps, args.profile_out)
-    for impl, timings in seconds.items():
-        emit({"bench": "train", "impl": impl, "device": device.type, "shape": args.shape, "batch": args.batch,
-              "seq_len": args.seq_len, "tokens_per_s": round(args.batch * args.seq_len / statistics.median(timings), 1),
-              "median_s": round(statistics.median(timings), 4), "min_s": round(min(timings), 4),
-              "peak_mem_mb": peak[impl], "grad_checkpointing": args.grad_checkpointing, "fp32_logp_gap": gap,
-              "warm_up_s": warm_up_s[impl]})
+    return seconds, warm_up_s
 
 
 def profile_steps(model, steps: dict, out: str) -> None:

@@ -89,26 +89,3 @@ def test_a_token_of_probability_0_is_never_drawn_even_at_the_extreme_uniforms():
     uniforms = bits_to_uniform(torch.tensor([0, -1, 2**62]))  # the smallest, the largest, and 0.25
     assert sample_tokens(p, uniforms).tolist() == [1, 3, 1]
 
-
-def test_the_two_level_inverse_cdf_draws_what_one_cumulative_sum_draws():
-    """sample_tokens sums within blocks of CDF_BLOCK tokens and then over blocks; a brute-force inverse CDF over one
-    float64 cumulative sum picks the same token for every uniform, also with whole blocks, block edges and the
-    padding of a vocabulary that is no multiple of the block at zero probability."""
-    import rollout
-
-    g = torch.Generator().manual_seed(3)
-    V = 3 * rollout.CDF_BLOCK + 37
-    p = torch.rand(6, V, generator=g) ** 4
-    p[:, rollout.CDF_BLOCK : 2 * rollout.CDF_BLOCK] = 0  # a whole empty block
-    p[:, rollout.CDF_BLOCK - 1] = 0  # the last token of a block
-    p[:, -1] = 0  # the vocabulary's last token (before the padding)
-    p[1] = 0
-    p[1, 2 * rollout.CDF_BLOCK] = 1.0  # one sure token, first of its block
-    p = p / p.sum(-1, keepdim=True)
-    u = torch.rand(6, 2000, generator=g, dtype=torch.float64)
-    for row in range(6):
-        cdf = p[row].double().cumsum(0)
-        expected = torch.searchsorted(cdf, u[row] * cdf[-1], right=True)
-        got = sample_tokens(p[row].expand(2000, -1).contiguous(), u[row])
-        assert torch.equal(got, expected)
-        assert bool((p[row][got] > 0).all())

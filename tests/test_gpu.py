@@ -193,7 +193,7 @@ def test_the_fused_log_prob_kernels_equal_the_log_softmax_path():
     labels, upstream = torch.randint(0, 1000, (3, 70), generator=g), torch.randn(3, 70, generator=g)
     results = []
     for device in ("cpu", "cuda"):
-        h, w = hidden.to(device).requires_grad_(), weight.to(device).requires_grad_()
+        h, w = (t.to(device, copy=True).requires_grad_() for t in (hidden, weight))
         logp, entropy = token_logprobs(h, w, labels.to(device), temperature=0.7, chunk_tokens=64)
         (logp * upstream.to(device)).sum().backward()
         results.append([t.detach().cpu() for t in (logp, entropy, h.grad, w.grad)])
