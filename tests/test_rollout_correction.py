@@ -1,20 +1,33 @@
 """--rollout-is, the sampler-vs-policy correction (ngrpo.importance_weights, policy_loss's is_weights, the mismatch
 metrics): weights, truncation and masking against numbers worked out by hand, the weighted loss of grpo and gspo
-with and without dual clip, and the token-truncate gradient against a brute-force reweighted loss."""
+with and without dual clip, the token-truncate gradient against a brute-force reweighted loss, tiny runs whose
+sampler agrees with the policy (every mode is `none`) or is deliberately perturbed (a test hook: the sampler's
+output matrix scaled, no user flag), and 2 processes against one."""
 
 import copy
 import dataclasses
+import json
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import ngrpo
+import train
 from config import PRESETS, Config, parse_config, preset
-from model import TINY_CONFIG, random_model
+from model import TINY_CONFIG, load_model, random_model
 from ngrpo import RolloutCorrection, importance_weights, mismatch_metrics, mismatch_sums
+from reward import RewardPool
 from rollout import Sampling, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
 
 
 def cfg(**overrides) -> Config:
@@ -275,4 +288,194 @@ def test_on_policy_update_weighs_and_measures_like_the_replayed_one(perturbed_ep
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-5, abs=1e-7), key
     for name, grad in grads[False].items():
         assert (grads[True][name] - grad).norm() <= 1e-5 * max(grad.norm(), 1e-12), name
+
+
+# ----------------------------------------------------------------------------- tiny runs
+
+RUN = dict(explore="none", prompts_per_step=4, group_size=4, mini_batch_prompts=2, micro_batch_size=3,
+           max_new_tokens=12, max_steps=1, kl_coef=0.05)
+
+
+def perturb_the_sampler(monkeypatch, scale: float, rollouts: list) -> None:
+    """The test hook: every rollout is sampled by a copy of the model whose output matrix is scaled by
+    `scale` (1 = the policy itself, untouched); the rollouts are kept in `rollouts`."""
+    real = train.generate
+
+    def sampled_by_a_perturbed_copy(model, *args, **kwargs):
+        sampler = model
+        if scale != 1.0:
+            sampler = copy.deepcopy(model)
+            with torch.no_grad():
+                sampler.lm_head.weight.mul_(scale)
+        rollouts.append(real(sampler, *args, **kwargs))
+        return rollouts[-1]
+
+    monkeypatch.setattr(train, "generate", sampled_by_a_perturbed_copy)
+
+
+def row_keys(rollout) -> list[tuple]:
+    """Each row as (prompt, response): how a row is known in any mini-batch, micro-batch or process."""
+    return [(tuple(p), tuple(r)) for p, r in zip(rollout.prompts, rollout.responses())]
+
+
+def record_weights(monkeypatch) -> dict:
+    """{row_keys' key: the factor that multiplied each of the row's token losses}, from the update's calls."""
+    seen, current = {}, []
+    real_micro, real_loss = ngrpo.Episodes.micro_batch, ngrpo.policy_loss
+
+    def micro_batch(self, index):
+        micro = real_micro(self, index)
+        current[:] = row_keys(micro.rollout)
+        return micro
+
+    def policy_loss(logp, old_logp, advantages, mask, **kwargs):
+        if kwargs.get("is_weights") is not None:
+            for row, weights, row_mask in zip(current, kwargs["is_weights"], mask.bool()):
+                seen[row] = weights[row_mask].tolist()
+        return real_loss(logp, old_logp, advantages, mask, **kwargs)
+
+    monkeypatch.setattr(ngrpo.Episodes, "micro_batch", micro_batch)
+    monkeypatch.setattr(ngrpo, "policy_loss", policy_loss)
+    return seen
+
+
+def spied_run(out: Path, monkeypatch, *, scale: float = 1.0, **settings) -> tuple[list, dict]:
+    """train.py's run of the tiny preset with RUN's settings and `settings` changed, its rollouts sampled by a
+    copy of the model whose output matrix is scaled by `scale`, and a stand-in reward that gives the update a
+    signal (odd-length responses score 1). Returns (the rollouts, record_weights' record)."""
+    monkeypatch.setattr(RewardPool, "score", lambda self, pairs, kind="math": [float(len(t) % 2) for t, _ in pairs])
+    rollouts = []
+    perturb_the_sampler(monkeypatch, scale, rollouts)
+    seen = record_weights(monkeypatch)
+    train.run(dataclasses.replace(preset("tiny"), out_dir=str(out), **{**RUN, **settings}))
+    return rollouts, seen
+
+
+def tiny_run(out: Path, monkeypatch, mode: str, *, scale: float = 1.0, **settings):
+    """One step of the tiny model (explore none, 16 rows, 12 tokens, replayed old log-probs, KL on) under
+    --rollout-is `mode`. Returns (the step's metrics, the rollout, the recorded weights)."""
+    rollouts, seen = spied_run(out, monkeypatch, scale=scale, **({} if mode == "none" else dict(rollout_is=mode)),
+                               **settings)
+    (metrics,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {k: v for k, v in metrics.items() if k not in TIMING}, rollouts[0], seen
+
+
+@pytest.fixture(scope="module")
+def none_run(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return tiny_run(tmp_path_factory.mktemp("none"), monkeypatch, "none")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_is_none_when_the_sampler_is_the_policy(mode, none_run, tmp_path, monkeypatch):
+    """On a CPU in fp32 the sampler is the policy: every weight is 1 (to the ~1e-7 of the sampler's log p(y)
+    from a softmax against the replay's log_softmax), nothing is truncated or masked, and the step's metrics and
+    metrics (loss, gradient norm, KL, ...) are those of --rollout-is none."""
+    metrics, rollout, seen = tiny_run(tmp_path, monkeypatch, mode)
+    expected, _, _ = none_run
+    assert sorted(seen) == sorted(row_keys(rollout)) and len(seen) == 16
+    assert all(abs(w - 1.0) < 1e-5 for weights in seen.values() for w in weights)
+    assert metrics["rollout_is_token_frac"] == metrics["rollout_is_seq_frac"] == 0.0
+    assert metrics["rollout_kl"] < 1e-10 and abs(metrics["rollout_ppl_ratio"] - 1) < 1e-6
+    assert metrics["grad_norm"] > 0 and metrics.keys() == expected.keys()
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def expected_weights(rollout, mode: str, cap: float, lower: float = 0.0) -> dict:
+    """{row key: (each token's w, the mode's w of each token, the factor each token's loss gets)} worked out token
+    by token: the policy's log p(y) from one plain forward of the tiny model's initial weights per row (what the
+    replay computes, independently), the sampler's as the rollout recorded it."""
+    model = random_model(TINY_CONFIG, seed=0)
+    lower = lower or 1.0 / cap
+    found = {}
+    for (prompt, response), sampled in zip(row_keys(rollout), rollout.logprobs.tolist()):
+        with torch.no_grad():
+            log_probs = model(torch.tensor([list(prompt) + list(response)]))[0].log_softmax(-1)
+        log_w = [float(log_probs[len(prompt) - 1 + t, y]) - sampled[t] for t, y in enumerate(response)]
+        w = [math.exp(x) for x in log_w]
+        if mode.startswith("sequence"):  # the geometric mean of the row's token weights
+            w = [math.exp(sum(log_w) / len(log_w))] * len(log_w)
+        if mode.endswith("truncate"):
+            factor = [min(x, cap) for x in w]
+        else:
+            factor = [x if lower <= x <= cap else 0.0 for x in w]
+        found[(prompt, response)] = ([math.exp(x) for x in log_w], w, factor)
+    return found
+
+
+@pytest.mark.parametrize("mode, cap, lower", [("token-truncate", 2.0, 0.0), ("token-mask", 2.0, 0.0),
+                                              ("sequence-truncate", 1.1, 0.0), ("sequence-mask", 1.1, 0.8)])
+def test_a_perturbed_sampler_is_truncated_or_masked_where_it_should_be(mode, cap, lower, tmp_path, monkeypatch):
+    """The sampler's output matrix x 4 (sharper than the policy; token weights ~0.2-4.5, sequence weights
+    ~0.7-1.25): each token's loss gets the factor worked out from the policy's own forward, the truncated or
+    masked tokens are those outside the bounds, and the logged mismatch says so."""
+    overrides = dict(rollout_is_cap=cap, **({"rollout_is_lower": lower} if lower else {}))
+    metrics, rollout, seen = tiny_run(tmp_path, monkeypatch, mode, scale=4.0, **overrides)
+    expected = expected_weights(rollout, mode, cap, lower)
+    assert sorted(seen) == sorted(expected) and len(expected) == 16  # every row recorded, rows told apart
+    assert all(abs(x - bound) > 1e-4 for _, w, _ in expected.values() for x in w
+               for bound in (cap, lower or 1.0 / cap))  # no weight on the edge of a bound
+    for key, (_, _, factor) in expected.items():
+        assert seen[key] == pytest.approx(factor, rel=1e-4, abs=1e-6), key
+    changed = [[f != x for x, f in zip(w, factor)] for _, w, factor in expected.values()]
+    token_w = [x for each, _, _ in expected.values() for x in each]
+    tokens, rows = len(token_w), len(changed)
+    assert 0 < sum(map(sum, changed)) < tokens  # the bounds act on some tokens, not on all
+    assert metrics["rollout_is_token_frac"] == pytest.approx(sum(map(sum, changed)) / tokens)
+    assert metrics["rollout_is_seq_frac"] == pytest.approx(sum(map(any, changed)) / rows)
+    mode_w = [w[0] for _, w, _ in expected.values()] if mode.startswith("sequence") else token_w
+    assert metrics["rollout_is_weight_mean"] == pytest.approx(sum(mode_w) / len(mode_w), rel=1e-4)
+    assert metrics["rollout_is_weight_max"] == pytest.approx(max(mode_w), rel=1e-4)
+    # k3 KL(sampler || policy) = w - log w - 1 per token; perplexity ratio = exp(-mean_t log w) per row.
+    assert metrics["rollout_kl"] == pytest.approx(sum(x - math.log(x) - 1 for x in token_w) / tokens, rel=1e-3)
+    ppl = [math.exp(-sum(map(math.log, each)) / len(each)) for each, _, _ in expected.values()]
+    assert metrics["rollout_ppl_ratio"] == pytest.approx(sum(ppl) / rows, rel=1e-4)
+    assert metrics["rollout_kl"] > 0.05  # far from the unperturbed run's ~1e-13
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+# One rank's run: spied_run under torchrun; each rank writes the weights it applied to its rows.
+TORCHRUN = """
+import json, os, sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+import pytest
+import test_rollout_correction as T
+out = Path(sys.argv[2])
+with pytest.MonkeyPatch.context() as monkeypatch:
+    _, seen = T.spied_run(out, monkeypatch, scale=4.0, **json.loads(sys.argv[3]))
+(out / f"weights-rank-{os.environ['RANK']}.json").write_text(json.dumps([[list(map(list, k)), v] for k, v in
+                                                                          seen.items()]))
+"""
+# Neighbor mixing, one mini-batch (the on-policy update: the mismatch is summed over the ranks' micro-batches),
+# uneven micro-batches of 3 rows, token-mask.
+DISTRIBUTED = dict(explore="neighbor", mix_rate=0.3, mini_batch_prompts=4, rollout_is="token-mask")
+
+
+def test_two_processes_weigh_and_measure_like_one(tmp_path, monkeypatch):
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    done = subprocess.run([*launch, str(script), str(ROOT), str(tmp_path / "two"), json.dumps(DISTRIBUTED)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    per_rank = [{tuple(map(tuple, key)): weights for key, weights in
+                 json.loads((tmp_path / "two" / f"weights-rank-{r}.json").read_text())} for r in range(2)]
+    rollouts, expected = spied_run(tmp_path / "one", monkeypatch, scale=4.0, **DISTRIBUTED)
+    assert len(expected) == 16 and all(per_rank)  # both ranks trained rows
+    assert sorted([*per_rank[0], *per_rank[1]]) == sorted(expected)  # each row on one rank
+    for key, weights in {**per_rank[0], **per_rank[1]}.items():
+        assert weights == pytest.approx(expected[key], rel=1e-5, abs=1e-6)
+    read = lambda run: {k: v for k, v in json.loads((tmp_path / run / "metrics.jsonl").read_text()).items()
+                        if k not in TIMING}
+    one, two = read("one"), read("two")
+    assert 0 < one["rollout_is_token_frac"] < 1 and one["mix_rate"] > 0 and one["grad_norm"] > 0
+    assert one.keys() == two.keys()
+    for key, value in one.items():
+        assert two[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    weights = [load_model(str(tmp_path / run / "checkpoints" / "step-1"), dtype=torch.float32,
+                          device="cpu").state_dict() for run in ("one", "two")]
+    assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-5
 
