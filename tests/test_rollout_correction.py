@@ -479,3 +479,10 @@ def test_two_processes_weigh_and_measure_like_one(tmp_path, monkeypatch):
                           device="cpu").state_dict() for run in ("one", "two")]
     assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-5
 
+
+def test_the_rehearsal_reprints_every_mismatch_metric():
+    """`bench.py rehearsal` on a GPU reports the new metrics at the real shape: it reprints these keys of each
+    step's metrics.jsonl line."""
+    from benchmarks.rehearsal import LOGGED
+
+    assert set(ngrpo.MISMATCH_METRICS) <= set(LOGGED)
