@@ -118,6 +118,16 @@ class Config:
     kl_coef: float = option(0.01, "coefficient of the k3 KL to the reference model (0 = no reference model)")
     old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded inputs; "
                            "rollout = the sampler's own", ("replay", "rollout"))
+    rollout_is: str = option("none", "correct the sampler-vs-policy mismatch (docs/algorithm.md, 'The sampler is "
+                             "not the policy') with w = pi_train(y) / pi_sampler(y), the replayed old policy's "
+                             "probability of each sampled token over the sampler's: token-truncate = each token's "
+                             "loss times min(w, C); token-mask = times w, or 0 where w is outside [lower, C]; "
+                             "sequence-truncate / sequence-mask = the same with one w per sequence, the geometric "
+                             "mean of its tokens'. none = the released behaviour; the mismatch is logged in every "
+                             "mode", ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"))
+    rollout_is_cap: float = option(2.0, "--rollout-is: C, the truncation cap and the mask modes' upper bound")
+    rollout_is_lower: float = option(0.0, "--rollout-is token-mask / sequence-mask: weights below this are masked "
+                                     "(0 = 1 / C)")
     loss_agg: str = option("token-mean", "how token losses become the loss: token-mean = over all response tokens "
                            "of the mini-batch; seq-mean-token-mean = mean per sequence, then over sequences; "
                            "seq-mean-token-sum-norm = each sequence's sum / max_new_tokens, then mean over sequences "
@@ -314,6 +324,8 @@ RANGES = {
     "clip_low": (lambda v: 0 <= v < 1, "must be in [0, 1): the ratio's floor 1 - clip_low must stay above 0"),
     "clip_high": _AT_LEAST_0, "dual_clip": (lambda v: v == 0 or v > 1, "must be 0 (off) or > 1"),
     "kl_coef": (lambda v: v >= 0, "must be >= 0 (0 = no reference model)"), "loss_agg_rows": _AT_LEAST_1,
+    "rollout_is_cap": (lambda v: v > 1, "must be > 1: the weights are ratios around 1"),
+    "rollout_is_lower": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = 1 / --rollout-is-cap)"),
     "ppo_epochs": _AT_LEAST_1, "mini_batch_prompts": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
     "micro_batch_tokens": (lambda v: v >= 0, "must be >= 0 (0 = --micro-batch-size rows)"),
     "virtual_max_count": _AT_LEAST_1, "max_refill_draws": _AT_LEAST_0, "overlong_buffer": _AT_LEAST_0,
@@ -355,6 +367,10 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0), "rollout needs --top-p 1 and "
          "--top-k 0: with filtering the sampler's log-probs are of the filtered distribution and the replayed "
          "ones are not"),
+        ("rollout_is", c.rollout_is == "none" or c.old_logp == "replay", "needs --old-logp replay: with "
+         "rollout the old policy's log-probs are the sampler's own, so every weight would be 1"),
+        ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy sampler's "
+         "log-probs (at temperature 1) are not those of the distribution its tokens were drawn from"),
         ("keep_best", not c.keep_best or (c.val_data and c.keep_best.startswith("val/")), "names a validation "
          "metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
         ("refill", not c.refill or c.filter_groups != "none", "needs --filter-groups: with nothing filtered "
@@ -372,6 +388,8 @@ IDLE_WITHOUT = {
                     (lambda c: c.adv_estimator == "negative", "--adv-estimator negative")),
     "loss_agg_rows": (lambda c: c.loss_agg == "token-mean-per-rows", "--loss-agg token-mean-per-rows"),
     "max_refill_draws": (lambda c: c.refill, "--refill"),
+    "rollout_is_cap": (lambda c: c.rollout_is != "none", "--rollout-is (a mode other than none)"),
+    "rollout_is_lower": (lambda c: c.rollout_is.endswith("mask"), "--rollout-is token-mask or sequence-mask"),
     "overlong_penalty_factor": (lambda c: c.overlong_buffer > 0, "--overlong-buffer N"),
     **dict.fromkeys(("sft_lr", "sft_batch_size", "sft_dev_problems", "sft_eval_every"),
                     (lambda c: c.sft_steps > 0, "--sft-steps N")),

@@ -1,7 +1,8 @@
 """The N-GRPO algorithm: what training does with a Rollout (docs/algorithm.md).
 
     rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
-            -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL)
+            -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL,
+               each token's loss weighted by pi_train(y) / pi_sampler(y) as --rollout-is says)
 
 Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the one
 formula both sides use; plus the noise a strategy recorded, redrawn from its key), so the policy is scored
@@ -147,15 +148,19 @@ def loss_normalizer(mask: torch.Tensor, loss_agg: str, rows: int = 1) -> torch.T
     return count.clamp_min(1).to(torch.float32)
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normalizer=None, run_tokens=None):
+def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normalizer=None, run_tokens=None,
+                is_weights=None):
     """Clipped policy-gradient loss (+ kl_coef * k3 KL) aggregated over the tokens of `mask` as cfg.loss_agg
     says, divided by normalizer (default: this batch's token count for token-mean, else its count of rows
     with a token; pass the whole mini-batch's count when this is one micro-batch).
 
     logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. cfg supplies loss ("grpo": token ratio,
     "gspo": sequence ratio exp(mean_t(logp - old_logp))), clip_low, clip_high, dual_clip, kl_coef, loss_agg,
-    max_new_tokens. Returns (loss, metrics); each metric is a sum / normalizer, so micro-batches add up
-    (fractions and ratio_mean are token means, or means of per-sequence token means in the seq modes)."""
+    max_new_tokens. is_weights [B, T] (`importance_weights`, --rollout-is): each token's clipped loss is
+    multiplied by its weight, which carries no gradient; the KL term is not weighted, and a token weighted 0
+    still counts in the normalizer. Returns (loss, metrics); each metric is a sum / normalizer, so
+    micro-batches add up (fractions and ratio_mean are token means, or means of per-sequence token means in
+    the seq modes)."""
     mask = mask.float()
     if normalizer is None:
         normalizer = loss_normalizer(mask, cfg.loss_agg, cfg.loss_agg_rows)
@@ -181,6 +186,10 @@ def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normali
         # For A < 0 a huge ratio would make the loss unbounded: cap it at -c * A.
         dual = (adv < 0) & (token_loss > -cfg.dual_clip * adv)
         token_loss = torch.where(dual, -cfg.dual_clip * adv, token_loss)
+    if is_weights is not None:
+        # After both clips, before the KL term, as TRL's GRPOTrainer (per_token_loss * importance_sampling_ratio)
+        # and verl's compute_policy_loss (pg_losses * rollout_is_weights) apply it.
+        token_loss = token_loss * is_weights.detach()
     pg_loss = total(token_loss)
     with torch.no_grad():
         metrics = {
@@ -197,6 +206,119 @@ def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normali
         metrics["kl"] = kl.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics
+
+
+# ----------------------------------------------------------------------------- the sampler is not the policy
+#
+# On a GPU the rollouts come from a bf16 copy of the weights and the loss from the fp32 policy under autocast:
+# a token y was drawn from pi_sampler, not from the pi_train the PPO ratio assumes. w = pi_train(y) /
+# pi_sampler(y) (the replayed old policy's probability over the one the sampler recorded) measures it and,
+# with --rollout-is, corrects it (docs/algorithm.md, "The sampler is not the policy"): truncated importance
+# sampling (TIS: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training") or
+# masked importance sampling (IcePop; Liu, Li et al. 2025, "When speed kills stability"), per token or per
+# sequence; verl's rollout_corr_helper.py and TRL's vllm_importance_sampling_mode offer the same four modes.
+
+# What mismatch_sums adds up over micro-batches and ranks (the *_max ones are maxima).
+MISMATCH_SUMS = ("tokens", "rows", "gap_sum", "gap_max", "kl_sum", "ppl_ratio_sum", "weight_sum", "weight_count",
+                 "weight_max", "changed_tokens", "changed_rows")
+# What metrics.jsonl logs of the mismatch every step, whatever --rollout-is is (mismatch_metrics).
+MISMATCH_METRICS = ("logp_gap_mean", "logp_gap_max", "rollout_kl", "rollout_ppl_ratio", "rollout_is_weight_mean",
+                    "rollout_is_weight_max", "rollout_is_token_frac", "rollout_is_seq_frac")
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """--rollout-is and its bounds: what w = pi_train(y) / pi_sampler(y) does to each token's loss. mode: none,
+    token-truncate, token-mask, sequence-truncate or sequence-mask; cap: C, the truncation cap and the mask
+    modes' upper bound; lower: the mask modes' lower bound (0 = 1 / C)."""
+
+    mode: str = "none"
+    cap: float = 2.0
+    lower: float = 0.0
+
+    @classmethod
+    def of(cls, cfg) -> "RolloutCorrection":
+        return cls(cfg.rollout_is, cfg.rollout_is_cap, cfg.rollout_is_lower)
+
+    @property
+    def per_sequence(self) -> bool:
+        return self.mode.startswith("sequence")
+
+
+def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+                       correction: RolloutCorrection) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w, factor, changed), [B, T] each, no gradient, from the old policy's and the sampler's log-probs of the
+    sampled tokens over the response tokens `mask` [B, T].
+
+    w: per token exp(old_logp - sampler_logp); in the sequence modes every token of a row holds the row's
+    geometric mean exp(mean_t(old_logp - sampler_logp)) (the product of 8k tokens' weights grows exponentially
+    with the length; the mean is Liu, Li et al.'s Geo-RS bound, verl's seq_mean_k1 filter). factor, what
+    multiplies each token's loss: min(w, C) (truncate), w inside [lower, C] and 0 outside (mask; TRL's and
+    IcePop's masked weighting), 1 (none). changed: the response tokens whose factor is not w (truncated or
+    masked).
+
+    >>> w, factor, changed = importance_weights(torch.log(torch.tensor([[3.0, 0.4, 1.0]])), torch.zeros(1, 3),
+    ...                                         torch.ones(1, 3), RolloutCorrection("token-mask"))
+    >>> factor, changed
+    (tensor([[0., 0., 1.]]), tensor([[ True,  True, False]]))"""
+    mask = mask.bool()
+    log_w = torch.where(mask, old_logp.detach().float() - sampler_logp.float(), 0.0)  # [B, T]
+    if correction.per_sequence:
+        log_w = (log_w.sum(-1) / mask.sum(-1).clamp_min(1))[:, None].expand_as(log_w)
+    w = log_w.clamp(-20.0, 20.0).exp()  # verl's SAFETY_BOUND: a far-off token gives a huge weight, not inf
+    if correction.mode.endswith("truncate"):
+        changed, factor = w > correction.cap, w.clamp(max=correction.cap)
+    elif correction.mode.endswith("mask"):
+        changed = (w < (correction.lower or 1.0 / correction.cap)) | (w > correction.cap)
+        factor = torch.where(changed, 0.0, w)
+    else:
+        changed, factor = torch.zeros_like(mask), torch.ones_like(w)
+    return w, factor, changed & mask
+
+
+def mismatch_sums(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+                  correction: RolloutCorrection) -> dict[str, float]:
+    """The mismatch of the rows of `mask` [B, T] (their response tokens) as the sums of MISMATCH_SUMS, which add
+    up over micro-batches and ranks (add_sums; maxima for *_max); mismatch_metrics turns them into numbers."""
+    mask = mask.bool()
+    rows = mask.any(-1)  # [B]
+    log_w = torch.where(mask, old_logp.detach().float() - sampler_logp.float(), 0.0)
+    w, _, changed = importance_weights(old_logp, sampler_logp, mask, correction)
+    # The mode's own weights: one per response token, or one per sequence.
+    weights = w[:, 0][rows] if correction.per_sequence else w[mask]
+    # Training perplexity over rollout perplexity, per sequence: exp(mean_t(sampler_logp - old_logp)).
+    ppl_ratio = (-log_w.sum(-1) / mask.sum(-1).clamp_min(1)).exp()[rows]
+    gap = log_w.abs()[mask]
+    # k3 of KL(sampler || policy), w - log w - 1 (the tokens were drawn from the sampler), as expm1 in float64: in
+    # fp32 exp(d) - d - 1 rounds a ~1e-7 gap to exactly 0 and a 0.02 one (a GPU's) to 3 digits.
+    d = log_w.double().clamp(-20.0, 20.0)
+    kl = (d.expm1() - d)[mask]
+    most = lambda x: float(x.max()) if x.numel() else 0.0
+    return {"tokens": float(mask.sum()), "rows": float(rows.sum()), "gap_sum": float(gap.sum()),
+            "gap_max": most(gap), "kl_sum": float(kl.sum()),
+            "ppl_ratio_sum": float(ppl_ratio.sum()), "weight_sum": float(weights.sum()),
+            "weight_count": float(weights.numel()), "weight_max": most(weights),
+            "changed_tokens": float(changed.sum()), "changed_rows": float(changed.any(-1).sum())}
+
+
+def add_sums(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """Two mismatch_sums as one: sums added, *_max the larger."""
+    return {key: max(total[key], part[key]) if key.endswith("_max") else total[key] + part[key] for key in total}
+
+
+def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The logged numbers (MISMATCH_METRICS) from mismatch_sums' totals: the |old_logp - sampler_logp| gap per
+    token (mean, max); rollout_kl, the k3 estimate of KL(sampler || policy) per token (the tokens were drawn from
+    the sampler: exp(d) - d - 1, d = old_logp - sampler_logp, as verl's k3_kl); rollout_ppl_ratio, the mean over
+    sequences of training over rollout perplexity (verl's ppl_ratio); the mode's raw weights w (mean, max; per
+    token, or per sequence in the sequence modes); the fraction of response tokens, and of sequences with any,
+    truncated or masked."""
+    tokens, rows = max(sums["tokens"], 1.0), max(sums["rows"], 1.0)
+    return {"logp_gap_mean": sums["gap_sum"] / tokens, "logp_gap_max": sums["gap_max"],
+            "rollout_kl": sums["kl_sum"] / tokens, "rollout_ppl_ratio": sums["ppl_ratio_sum"] / rows,
+            "rollout_is_weight_mean": sums["weight_sum"] / max(sums["weight_count"], 1.0),
+            "rollout_is_weight_max": sums["weight_max"], "rollout_is_token_frac": sums["changed_tokens"] / tokens,
+            "rollout_is_seq_frac": sums["changed_rows"] / rows}
 
 
 def _chunk_logprobs(hidden, weight, labels, temperature):
@@ -453,23 +575,25 @@ def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor
 
 
 def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *,
-                  on_policy: bool = False) -> tuple[Episodes, torch.Tensor | None]:
+                  on_policy: bool = False) -> tuple[Episodes, dict[str, float] | None]:
     """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
-    |rollout - replay| log-prob gap of every response token (it shows sampler / trainer drift).
+    sampler-vs-replay mismatch of the response tokens (`mismatch_sums` of the whole batch: every rank holds
+    every row's replay): the sampler / trainer drift, and what --rollout-is does with it.
 
     on_policy (one optimizer step on weights the rollout was sampled with): the old policy is the policy
     being updated, so its log-probs are the update forward's own, detached, and the no-grad replay is
-    skipped (a quarter of the update's compute; the gap is then measured in that forward)."""
+    skipped (a quarter of the update's compute; the mismatch is then measured in that forward: None here)."""
     replayed = None
     if not (on_policy and cfg.old_logp == "replay"):
         policy.eval()
         replayed = replay_logprobs(policy, rollout, cfg, world)
     ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg, world)
     old_logp = rollout.logprobs.float() if cfg.old_logp == "rollout" else replayed
-    logp_gap = None if replayed is None else (replayed - rollout.logprobs.float()).abs()[rollout.response_mask()]
+    mismatch = None if replayed is None else mismatch_sums(replayed, rollout.logprobs, rollout.response_mask(),
+                                                           RolloutCorrection.of(cfg))
     episodes = Episodes(rollout, advantages.to(rollout.logprobs.device), old_logp, ref_logp,
                         rollout.finished if cfg.mask_truncated else None)
-    return episodes, logp_gap
+    return episodes, mismatch
 
 
 def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -> dict:
@@ -490,25 +614,27 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     # token-mean-per-rows: runs of rows are counted over the whole mini-batch, not per micro-batch.
     run_tokens = group_tokens(full_mask, cfg.loss_agg_rows) if cfg.loss_agg == "token-mean-per-rows" else None
     device = distributed.device_of(model)
+    correction = RolloutCorrection.of(cfg)
     totals: dict[str, float] = {}
-    entropy_sum, finite, gap_sum, gap_max = 0.0, True, 0.0, 0.0
+    entropy_sum, finite, mismatch = 0.0, True, dict.fromkeys(MISMATCH_SUMS, 0.0)
     for index, real in micro_batches(episodes.rollout, cfg, world):
         micro = episodes.micro_batch(index)
         logp, entropy = replay(model, micro.rollout, cfg)
         mask = micro.loss_mask().to(device) & real  # a stand-in counts for nothing
-        if micro.old_logp is None:  # on-policy: the sampled weights are these, so ratio = 1 with its gradient
-            old_logp = logp.detach()
-            gap = (old_logp.float() - micro.rollout.logprobs.float().to(device)).abs()[
-                micro.rollout.response_mask().to(device) & real]
-            gap_sum, gap_max = gap_sum + float(gap.sum()), max(gap_max, float(gap.max()) if gap.numel() else 0.0)
-        else:
-            old_logp = micro.old_logp.to(device)
+        # on-policy: the sampled weights are these, so ratio = 1 with its gradient
+        old_logp = logp.detach() if micro.old_logp is None else micro.old_logp.to(device)
+        sampler_logp, response_mask = micro.rollout.logprobs.to(device), micro.rollout.response_mask().to(device)
+        if micro.old_logp is None:  # the mismatch is measured in this forward (make_episodes did not replay)
+            mismatch = add_sums(mismatch, mismatch_sums(old_logp, sampler_logp, response_mask & real, correction))
+        # Weights per row, from the row's own log-probs: the same whatever the micro-batch or the rank.
+        is_weights = None if correction.mode == "none" else \
+            importance_weights(old_logp, sampler_logp, response_mask, correction)[1]
         with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask,
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
                                         cfg=cfg, normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
-                                        run_tokens[index].to(device))
+                                        run_tokens[index].to(device), is_weights=is_weights)
         if real and not torch.isfinite(loss):
             finite = False
             if not world.distributed:
@@ -521,9 +647,9 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     entropy_sum = distributed.sum_across({"entropy": entropy_sum}, world)["entropy"]
     totals["entropy"] = entropy_sum / float(full_mask.sum().clamp_min(1))
     if episodes.old_logp is None:
-        gap_sum = distributed.sum_across({"gap": gap_sum}, world)["gap"]
-        totals["logp_gap_mean"] = gap_sum / float(episodes.rollout.response_mask().sum().clamp_min(1))
-        totals["logp_gap_max"] = distributed.max_across({"gap": gap_max}, world)["gap"]
+        maxima = {key: mismatch.pop(key) for key in MISMATCH_SUMS if key.endswith("_max")}
+        totals.update(mismatch_metrics({**distributed.sum_across(mismatch, world),
+                                        **distributed.max_across(maxima, world)}))
     totals["finite"] = not distributed.max_across({"bad": float(not finite)}, world)["bad"]
     return totals
 
@@ -569,16 +695,15 @@ def scheduled_lr(cfg, step: int, total_steps: int) -> float:
 def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg,
            world: World = World()) -> tuple[dict, int]:
     """One rollout batch's whole update: group advantages -> replayed old / reference log-probs -> ppo_epochs
-    of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, with logp_gap_mean /
-    logp_gap_max: the |rollout - replay| log-prob gap per response token; mini-batches skipped)."""
+    of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, with the sampler-vs-replay
+    mismatch of the whole batch (MISMATCH_METRICS, `mismatch_metrics`); mini-batches skipped)."""
     virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
     advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
                                   virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
     on_policy = cfg.ppo_epochs == 1 and len(rollout.prompts) <= cfg.mini_batch_prompts * cfg.group_size
-    episodes, logp_gap = make_episodes(policy, reference, rollout, advantages, cfg, world, on_policy=on_policy)
+    episodes, mismatch = make_episodes(policy, reference, rollout, advantages, cfg, world, on_policy=on_policy)
     per_step, skipped = optimize(policy, optimizer, episodes, cfg, world)
     result = {key: sum(values) / len(values) for key, values in per_step.items()}
-    if logp_gap is not None and result:  # empty when every mini-batch was skipped, which train.py counts
-        result["logp_gap_mean"] = float(logp_gap.mean()) if logp_gap.numel() else 0.0
-        result["logp_gap_max"] = float(logp_gap.max()) if logp_gap.numel() else 0.0
+    if mismatch is not None and result:  # empty when every mini-batch was skipped, which train.py counts
+        result.update(mismatch_metrics(mismatch))
     return result, skipped

@@ -42,7 +42,7 @@ from data import (
 from guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
-from ngrpo import keep_groups, overlong_penalty, scheduled_lr, update
+from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
 from reward import RewardPool, extract_answer
 from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate, release_decoder
 from tracking import Tracker
@@ -309,7 +309,8 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         **result,
         "lr": r.optimizer.param_groups[0]["lr"], "mix_rate": float(rollout.mixed.sum()) / max(num_tokens, 1),
         "mix_distance": 0.0 if closeness is None else closeness[0],
-        "logp_gap_mean": result.get("logp_gap_mean", 0.0), "logp_gap_max": result.get("logp_gap_max", 0.0),
+        # The sampler-vs-policy mismatch and what --rollout-is did with it, on every step (0 when none was trained).
+        **{key: result.get(key, 0.0) for key in MISMATCH_METRICS},
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
         "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
         # How different a group's responses are (docs/experiments.md): answers compared by our checker,

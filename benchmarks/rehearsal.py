@@ -32,9 +32,12 @@ TOLERANCE = 0.25
 # Phases the plan puts under this are reported but not held to TOLERANCE: there fixed costs the plan leaves out
 # (the tokenizer, Python objects, kernel workspaces: tens of MB) are as large as what it counts.
 COMPARED_FROM_MB = 256
-# What the rehearsal reprints from each step's metrics.jsonl line: the sampler-vs-replay gap and the timings.
-LOGGED = ("step", "logp_gap_mean", "logp_gap_max", "mix_rate", "response_len_mean", "skipped_minibatches",
-          "rollout_s", "rollout_tokens_per_s", "update_s", "update_tokens_per_s", "step_s")
+# What the rehearsal reprints from each step's metrics.jsonl line: the sampler-vs-replay mismatch (gap, k3 KL,
+# perplexity ratio, importance weights and what --rollout-is truncated or masked: ngrpo.MISMATCH_METRICS) and the
+# timings.
+LOGGED = ("step", "logp_gap_mean", "logp_gap_max", "rollout_kl", "rollout_ppl_ratio", "rollout_is_weight_mean",
+          "rollout_is_weight_max", "rollout_is_token_frac", "rollout_is_seq_frac", "mix_rate", "response_len_mean",
+          "skipped_minibatches", "rollout_s", "rollout_tokens_per_s", "update_s", "update_tokens_per_s", "step_s")
 
 
 class Meter:
@@ -133,7 +136,7 @@ def run_config(args, checkpoint: Path, out_dir: Path, **overrides):
                     max_new_tokens=args.new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     logprob_chunk_tokens=args.chunk_tokens, mix_rate=args.mix_rate, val_data="", keep_best="",
                     val_before_train=False, save_every=1, keep_last=2, log_completions_every=0, device=args.device,
-                    out_dir=str(out_dir), overwrite=True, max_steps=1)
+                    out_dir=str(out_dir), overwrite=True, max_steps=1, rollout_is=args.rollout_is)
     return replace(preset("paper-1.5b"), **{**settings, **overrides})
 
 
@@ -266,6 +269,10 @@ def add_parser(subparsers) -> None:
     rehearsal.add_argument("--max-prompt-tokens", type=int, default=256, help="longer training prompts are dropped")
     rehearsal.add_argument("--chunk-tokens", type=int, default=64, help="--logprob-chunk-tokens")
     rehearsal.add_argument("--mix-rate", type=float, default=0.5, help="high, so that a short rollout mixes")
+    rehearsal.add_argument("--rollout-is", default="none", choices=["none", "token-truncate", "token-mask",
+                                                                    "sequence-truncate", "sequence-mask"],
+                           help="train.py's --rollout-is (cap 2): the mismatch is logged in every mode; a mode shows "
+                           "what it truncates or masks at this shape")
     rehearsal.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the allocator's peak "
                            "against the plan's GPU rows (.ci/gpu-checks, full depth)")
     rehearsal.add_argument("--work-dir", default=str(ROOT / "runs" / "rehearsal"),
