@@ -92,7 +92,7 @@ class Config:
                                      "does in N-GRPO runs)")
 
     # --- reward (docs/reward.md)
-    grader: str = option("ours", "answer checker: ours = exact, sympy-based (grader.py); math-verify = the "
+    grader: str = option("ours", "answer checker: ours = exact, sympy-based (grading/grader.py); math-verify = the "
                          "released code's (pip install math-verify)", ("ours", "math-verify"))
     reward: str = option("", "your own reward f(response, reference) -> float, as module:function or "
                          "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = the grader)")

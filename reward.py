@@ -3,9 +3,9 @@
 Every gradient of a run is decided here. A false negative teaches the model that a right answer was
 wrong, a false positive rewards nonsense, and one hang stalls the run. So:
 
-- the answer is found by extract.py, in a documented order of preference (candidate_answers;
+- the answer is found by grading/extract.py, in a documented order of preference (candidate_answers;
   docs/reward.md); `require_boxed=True` keeps only boxes (a format-strict reward);
-- whether it equals the reference is grader.py's exact check ("ours"), math-verify's ("math-verify", an
+- whether it equals the reference is grading/grader.py's exact check ("ours"), math-verify's ("math-verify", an
   optional dependency), or the user's own function `f(response, reference) -> float` ("module:function");
 - everything that may be slow runs in a worker process that is killed and replaced when it runs past the
   timeout (a signal alarm would not work off the main thread nor interrupt sympy's C paths), so a
@@ -37,10 +37,10 @@ import weakref
 from collections import deque
 from pathlib import Path
 
-from extract import candidate_answers, extract_choice, reference_answer
-from extract import extract_answer as extract_answer  # the public API's name (DESIGN.md): reward.extract_answer
-from grader import equivalent, fast_verdict
-from latex import box_spans
+from grading.extract import candidate_answers, extract_choice, reference_answer
+from grading.extract import extract_answer as extract_answer  # the public API's name: reward.extract_answer
+from grading.grader import equivalent, fast_verdict
+from grading.latex import box_spans
 
 GRADERS = ("ours", "math-verify")
 WORKER_MEMORY_BYTES = 2 << 30
@@ -111,7 +111,7 @@ def _finite(value) -> float:
 # Workers are plain subprocesses speaking JSON lines over stdin/stdout, not multiprocessing: fork is
 # unsafe under torch's threads, and spawn/forkserver re-import the caller's __main__ (train.py, hence
 # torch) in every worker and in every replacement of a killed one. A worker here imports only this file,
-# grader.py and sympy (~0.5 s), and killing it (SIGKILL) works whatever C code it is stuck in.
+# grading/grader.py and sympy (~0.5 s), and killing it (SIGKILL) works whatever C code it is stuck in.
 
 def _failure(error: Exception) -> list[str]:
     """[one-line message, the traceback from the user's own code down] of a user's function's failure."""
@@ -212,7 +212,7 @@ class RewardPool:
     worker, or returned no finite number), `last_error` says the latest; the first one is printed to
     stderr with its traceback (the earliest pair of its batch, whichever worker finished first).
 
-    grader: "ours" (grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
+    grader: "ours" (grading/grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
     or "math-verify" (pip install math-verify). reward_fn: "module:function" or "path/to/file.py:function",
     a function f(response, reference) -> float that replaces the grader (TRL's reward_funcs). require_boxed:
     only \\boxed answers count (a format-strict reward).

@@ -1,4 +1,4 @@
-"""`python bench.py grader`: the reward checker (reward.py + grader.py) on a realistic answer mix: speed,
+"""`python bench.py grader`: the reward checker (reward.py + grading/) on a realistic answer mix: speed,
 accuracy on equivalent and wrong rewritings, and agreement with math-verify on a format corpus."""
 
 import argparse
@@ -176,8 +176,8 @@ def bench_grader(args: argparse.Namespace) -> None:
     """Throughput (RewardPool, warm workers) and one-at-a-time latency (is_equiv / math_reward, one shared
     worker) on MATH-500 reference answers against themselves, equivalent rewritings and wrong answers;
     ~8k-character responses; adversarial inputs; agreement with math-verify when it is installed."""
-    import grader
     import reward
+    from grading import grader
 
     rng = random.Random(args.seed)
     source, problems = load_problems()
@@ -311,7 +311,7 @@ def _terminates(denominator: int) -> bool:
 
 def format_cases(reference: str) -> list[tuple[str, str, bool]]:
     """(kind, prediction, expected verdict) rewritings of one reference answer in the formats of the issue."""
-    import grader
+    from grading import grader
 
     answer = grader.normalize(reference)
     value = grader.plain_number(answer.text)

@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import sympy
 
-from latex import (
+from grading.latex import (
     CONSTANTS,
     INEQUALITIES,
     Reject,

@@ -16,8 +16,8 @@ keeps only boxes (a format-strict reward).
 import itertools
 import re
 
-from grader import normalize, undouble_backslashes, unwrap
-from latex import box_spans, split_top, tokenize
+from grading.grader import normalize, undouble_backslashes, unwrap
+from grading.latex import box_spans, split_top, tokenize
 
 _STATEMENT_WINDOW = 4000  # a "final answer" statement far from the end is not final
 _ANSWER_STATEMENT = re.compile(
