@@ -134,7 +134,7 @@ def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_w
     when no step was mixed. Chunked: a step's mixed positions times K times d would not fit in memory at once.
 
     embed_weight [V, d]; cand_ids, cand_weights [N, T, K]; response_ids [N, T]; mixed [N, T] bool."""
-    from ngrpo import mixed_embeddings
+    from strategies import mixed_embeddings
 
     where = mixed.nonzero(as_tuple=True)
     if where[0].numel() == 0:

@@ -16,36 +16,15 @@ the mini-batch is split.
 import contextlib
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 import distributed
-from batching import micro_batches, trimmed
 from distributed import World
-from draws import normal_from_keys
-
-
-def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
-    """sum_c w_c E[c] over the last axis: [..., K] ids and weights -> [..., d] in the embedding's dtype.
-
-    A step that was not mixed holds ([y, y, ...], [1, 0, ...]) and gives exactly E[y]: 1·x and 0·x are
-    exact and so is their sum. The sum runs in fp32 so that a bf16 sampler and an fp32 replay round once.
-    One candidate at a time: a [..., K, d] gather would hold K embeddings per position at once (K = 10 for
-    soft / gaussian: ~2 GB for 4 rows of 8k tokens at d = 1536)."""
-    mixed = None
-    for k in range(cand_ids.shape[-1]):
-        rows = F.embedding(cand_ids[..., k], embed_weight)  # [..., d]
-        term = cand_weights[..., k, None].float() * rows.float()
-        mixed = term if mixed is None else mixed + term
-    return mixed.to(embed_weight.dtype)
-
-
-def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """[B, width] bool: position t of row b is True when t < lengths[b]."""
-    return torch.arange(width, device=lengths.device)[None] < lengths[:, None]
+from replay import sequence_logprobs
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-6,
@@ -321,188 +300,97 @@ def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
             "rollout_is_seq_frac": sums["changed_rows"] / rows}
 
 
-def _chunk_logprobs(hidden, weight, labels, temperature):
-    """(log p(label), entropy) of one chunk [c], and its log-softmax [c, V] (fp32)."""
-    if temperature != 1.0:  # (h / tau) W^T = (h W^T) / tau, with d divisions per position instead of V
-        hidden = hidden / temperature
-    log_probs = F.linear(hidden, weight).float().log_softmax(-1)  # [c, V]: the only vocabulary-sized tensor
-    logp = log_probs.gather(-1, labels[:, None])[:, 0]
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy, log_probs
+# ----------------------------------------------------------------------------- micro-batches
+#
+# How the update splits rows into micro-batches: a fixed number of rows (--micro-batch-size), or a token budget
+# (--micro-batch-tokens N) that groups rows of similar length so that little of the replay computes on padding.
+# A micro-batch is replayed right-padded to its longest row, so its cost is rows x padded length: under a budget
+# the rows are sorted longest first and cut into runs with rows x longest <= N. The loss still divides by the
+# whole mini-batch's count, so the gradient is the fixed-row one up to the order of float sums. Under torchrun
+# every rank holds the whole mini-batch; rows go to the ranks longest first, each to the rank with the fewest
+# tokens so far, and the rank with fewer micro-batches pads with stand-ins (its shortest row, masked out of the
+# loss), since FSDP's forward and backward are collectives every rank must join (docs/micro-batches.md).
 
 
-def logprob_stats(logits: torch.Tensor, labels: torch.Tensor):
-    """(log p(label), entropy, log-sum-exp) [c] each, fp32, from logits [c, V] in any float dtype: what
-    _chunk_logprobs computes, in the form one fused pass over the logits can (the entropy as lse - sum p z)."""
-    z = logits.float()
-    lse = torch.logsumexp(z, -1)
-    logp = z.gather(-1, labels[:, None])[:, 0] - lse
-    entropy = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)
-    return logp, entropy, lse
+def replay_tokens(rollout) -> list[int]:
+    """Per row, the positions its replay forward computes: prompt + response - 1 (the input after the last
+    response token is never needed)."""
+    return [len(prompt) + int(length) - 1 for prompt, length in zip(rollout.prompts, rollout.lengths.tolist())]
 
 
-def logits_grad(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, grad_logp: torch.Tensor):
-    """d loss / d logits [c, V] (in the logits' dtype) given d loss / d log p(label) [c]: g (onehot - p)."""
-    onehot = torch.arange(logits.shape[-1], device=logits.device)[None] == labels[:, None]
-    return (grad_logp[:, None] * (onehot.float() - torch.exp(logits.float() - lse[:, None]))).to(logits.dtype)
+def budget_batches(rows: list[int], tokens: list[int], budget: int) -> list[list[int]]:
+    """`rows` sorted longest first (ties: lower index first) and cut into runs whose count x longest row's
+    tokens stays within `budget` (a row longer than the budget is a run of its own): as few runs as
+    possible, and of those cuts the one with the fewest padded positions (sum of count x longest).
+
+    Filling each run greedily gives the fewest runs, but may put a row of 300 tokens with rows of 30; a
+    dynamic program over the cut points then finds, for that number of runs, the cut that pads least.
+    >>> budget_batches([0, 1, 2, 3, 4], [5, 20, 6, 18, 2], 40)    # 20 + 18 (2 x 20); 6, 5, 2 (3 x 6)
+    [[1, 3], [2, 0, 4]]
+    >>> budget_batches(list(range(6)), [10, 6, 6, 6, 1, 1], 40)    # greedy: 4 x 10 + 2 x 1 = 42 positions
+    [[0], [1, 2, 3, 4, 5]]"""
+    order = sorted(rows, key=lambda r: (-tokens[r], r))
+    s = [tokens[r] for r in order]
+    fits = lambda i, j: j - i == 1 or (j - i) * s[i] <= budget  # run order[i:j]
+    runs, start = 0, 0
+    while start < len(s):  # greedy: the fewest runs
+        end = start + 1
+        while end < len(s) and fits(start, end + 1):
+            end += 1
+        runs, start = runs + 1, end
+    # least[j]: (padded positions, cut) of order[:j] in the runs so far; one more run per pass.
+    least = {0: (0, [])}
+    for _ in range(runs):
+        longer = {}
+        for j in range(1, len(s) + 1):
+            for i in range(j - 1, -1, -1):
+                if not fits(i, j):
+                    break  # fits only gets harder as the run grows to the left
+                if i in least and (j not in longer or least[i][0] + (j - i) * s[i] < longer[j][0]):
+                    longer[j] = (least[i][0] + (j - i) * s[i], least[i][1] + [j])
+        least = longer
+    cuts = [0] + least[len(s)][1]
+    return [order[i:j] for i, j in zip(cuts, cuts[1:])]
 
 
-_FUSED: dict[str, object] = {}
+def balanced_shares(tokens: list[int], size: int) -> list[list[int]]:
+    """Rows 0..n-1 given to `size` ranks, longest first, each to the rank with the fewest tokens so far (ties:
+    the lower rank): every rank's token count within one row of the others'.
+
+    >>> balanced_shares([8, 1, 5, 4, 2], 2)    # 8 -> 0; 5 -> 1; 4 -> 1 (9); 2 -> 0 (10); 1 -> 1 (10)
+    [[0, 4], [2, 3, 1]]"""
+    shares: list[list[int]] = [[] for _ in range(size)]
+    loads = [0] * size
+    for row in sorted(range(len(tokens)), key=lambda r: (-tokens[r], r)):
+        rank = min(range(size), key=lambda k: (loads[k], k))
+        shares[rank].append(row)
+        loads[rank] += tokens[row]
+    return shares
 
 
-def fused_logprob_ops():
-    """(logprob_stats, logits_grad) under torch.compile, each one fused kernel over a chunk's logits (a GPU reads
-    the bf16 logits once or twice instead of writing and rereading fp32 copies); None where compiling failed."""
-    if "ops" not in _FUSED:
-        from model import compiled
+def micro_batches(rollout, cfg, world: World = World()) -> list[tuple[list[int], bool]]:
+    """This rank's micro-batches of the rows of `rollout`, as (row indices, real) pairs, the same number on
+    every rank (stand-ins with real = False pad the shorter lists; their outputs must count for nothing).
 
-        _FUSED["ops"] = (compiled(logprob_stats, "inductor"), compiled(logits_grad, "inductor"))
-    return _FUSED["ops"]
-
-
-def _fused_or_none(device: torch.device):
-    """The fused functions on a GPU (None on a CPU, whose log_softmax path is the reference)."""
-    return fused_logprob_ops() if device.type == "cuda" and _FUSED.get("ops", True) is not None else None
-
-
-def _fused_failed(error: Exception) -> None:
-    import warnings
-
-    _FUSED["ops"] = None
-    warnings.warn(f"the fused log-prob kernels failed to compile ({type(error).__name__}: {str(error)[:200]}); "
-                  "using log_softmax", stacklevel=3)
+    cfg.micro_batch_tokens = 0: cfg.micro_batch_size consecutive rows of this rank's `deal` share
+    (distributed.dealt_batches). Otherwise a token budget: this rank's share of balanced_shares, cut by
+    budget_batches."""
+    num_rows = len(rollout.prompts)
+    if cfg.micro_batch_tokens <= 0:
+        return distributed.dealt_batches(num_rows, cfg.micro_batch_size, world)
+    tokens = replay_tokens(rollout)
+    plans = [budget_batches(share, tokens, cfg.micro_batch_tokens) for share in balanced_shares(tokens, world.size)]
+    calls = max(len(plan) for plan in plans)
+    stand_in = min(range(num_rows), key=lambda r: (tokens[r], r))  # the cheapest row to replay for nothing
+    return [(rows, True) for rows in plans[world.rank]] + [([stand_in], False)] * (calls - len(plans[world.rank]))
 
 
-class ChunkedLogprobs(torch.autograd.Function):
-    """log p(label) and the entropy of softmax(h W^T / tau), `chunk_tokens` rows at a time, with a backward
-    that recomputes one chunk's logits at a time instead of storing any of them.
-
-    It is what autograd computes through F.linear -> log_softmax -> gather (the gradient of the logits is
-    g (onehot - p)), without autograd's bookkeeping: the entropy (no gradient) is not recomputed in the
-    backward, and the weight is cast to the autocast dtype once per pass, not once per chunk. On a GPU the
-    softmax statistics and the logits' gradient are one compiled kernel each (logprob_stats, logits_grad), and the
-    forward keeps each row's log-sum-exp for the backward; on a CPU they are log_softmax as written."""
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
-    def forward(ctx, hidden, weight, labels, temperature: float, chunk_tokens: int):
-        fused = _fused_or_none(hidden.device)
-        logps, entropies, lses = [], [], []
-        with torch.no_grad():
-            for start in range(0, labels.shape[0], chunk_tokens):
-                end = start + chunk_tokens
-                if fused is not None:
-                    h = hidden[start:end] / temperature if temperature != 1.0 else hidden[start:end]
-                    try:
-                        logp, entropy, lse = fused[0](F.linear(h, weight), labels[start:end])
-                    except Exception as error:  # noqa: BLE001 - any compile failure: the plain path instead
-                        _fused_failed(error)
-                        fused = None
-                if fused is None:
-                    logp, entropy, lse = _chunk_logprobs(hidden[start:end], weight, labels[start:end], temperature)
-                    lse = None
-                logps.append(logp)
-                entropies.append(entropy)
-                lses.append(lse)
-        lse = torch.cat(lses) if fused is not None else hidden.new_empty(0)
-        ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
-        entropy = torch.cat(entropies)
-        ctx.mark_non_differentiable(entropy)
-        return torch.cat(logps), entropy
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, labels, lse = ctx.saved_tensors
-        tau = ctx.temperature
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else weight.dtype
-        weight_cast = weight.to(dtype)  # what F.linear under autocast multiplies by, cast once
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        fused = _fused_or_none(hidden.device) if lse.numel() else None
-        for start in range(0, labels.shape[0], ctx.chunk_tokens):
-            end = start + ctx.chunk_tokens
-            h = hidden[start:end] / tau if tau != 1.0 else hidden[start:end]
-            h = h.to(dtype)
-            g = grad_logp[start:end]  # [c]
-            logits = F.linear(h, weight_cast)  # [c, V]
-            if fused is not None:
-                grad_logits = fused[1](logits, lse[start:end], labels[start:end], g)
-            else:
-                log_probs = logits.float().log_softmax(-1)
-                grad_logits = (-(log_probs.exp_() * g[:, None])).scatter_add_(
-                    -1, labels[start:end, None], g[:, None]).to(dtype)
-            if grad_hidden is not None:
-                grad_h = grad_logits.mm(weight_cast)
-                grad_hidden[start:end] = grad_h / tau if tau != 1.0 else grad_h
-            if grad_weight is not None:
-                grad_weight += grad_logits.t().mm(h)
-        return grad_hidden, grad_weight, None, None, None
-
-
-def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
-                   chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(label) and the full-vocabulary entropy at each position, from hidden states [..., d] and the
-    output matrix [V, d], at the sampling temperature. [...] each; the entropy carries no gradient.
-
-    Logits exist for `chunk_tokens` positions at a time, and under autograd each chunk is recomputed in
-    the backward pass instead of stored (ChunkedLogprobs), so memory is O(chunk_tokens x V), never
-    O(B x T x V)."""
-    shape = labels.shape
-    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
-    logp, entropy = ChunkedLogprobs.apply(hidden, weight, labels, temperature, chunk_tokens)
-    return logp.view(shape), entropy.view(shape)
-
-
-def replay_inputs(embed_weight: torch.Tensor, prompts: list[list[int]], cand_ids: torch.Tensor,
-                  cand_weights: torch.Tensor, lengths: torch.Tensor, noise_keys: torch.Tensor | None = None,
-                  noise_scales: torch.Tensor | None = None):
-    """The training forward's inputs for rollout rows: [prompt | fed response inputs], right-padded; a step
-    with recorded noise (noise_scales [B, T] > 0, `orthogonal_noise`) gets it back from its key.
-
-    Returns inputs_embeds [B, L, d] and pred_pos [B, T]: the position whose output predicts response
-    token t (prompt length - 1 + t). The input after the last response token is never needed."""
-    device = embed_weight.device
-    B, T = cand_ids.shape[:2]
-    prompt_lens = torch.tensor([len(p) for p in prompts], device=device)
-    L = int((prompt_lens + lengths.to(device) - 1).max())
-    positions = torch.arange(L, device=device)
-    # Position j of row b holds prompt token j while j < P_b, then the input fed at response step j - P_b.
-    step = (positions[None] - prompt_lens[:, None]).clamp(0, T - 1)  # [B, L]
-    in_prompt = positions[None] < prompt_lens[:, None]
-    prompt_ids = torch.zeros(B, L, dtype=torch.long, device=device)
-    for row, prompt in enumerate(prompts):
-        prompt_ids[row, : len(prompt)] = torch.tensor(prompt, device=device)
-    ids = torch.where(in_prompt[..., None], prompt_ids[..., None], cand_ids.to(device).gather(
-        1, step[..., None].expand(-1, -1, cand_ids.shape[-1])))  # [B, L, K]
-    weights = cand_weights.to(device).gather(1, step[..., None].expand(-1, -1, cand_weights.shape[-1]))
-    own_row = torch.zeros_like(weights)
-    own_row[..., 0] = 1.0
-    weights = torch.where(in_prompt[..., None], own_row, weights)  # a prompt token: its own row, weight 1
-    pred_pos = (prompt_lens[:, None] - 1 + torch.arange(T, device=device)[None]).clamp(max=L - 1)  # [B, T]
-    inputs = mixed_embeddings(embed_weight, ids, weights)  # [B, L, d]
-    if noise_scales is not None and bool((noise_scales > 0).any()):
-        scales = torch.where(in_prompt, 0.0, noise_scales.to(device).gather(1, step))  # [B, L]
-        noisy = scales > 0
-        keys = noise_keys.to(device).gather(1, step)[noisy]  # [M]
-        noise = torch.zeros(*inputs.shape, device=device)
-        noise[noisy] = scales[noisy, None] * normal_from_keys(keys, inputs.shape[-1])  # as the sampler drew it
-        inputs = (inputs.float() + noise).to(inputs.dtype)
-    return inputs, pred_pos
-
-
-def sequence_logprobs(model, prompts, cand_ids, cand_weights, lengths, response_ids, *, temperature: float = 1.0,
-                      chunk_tokens: int = 1024, noise_keys: torch.Tensor | None = None,
-                      noise_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replays rollout rows through `model` and returns (log p of each response token, entropy), [B, T]
-    each; positions past a row's length hold values that the response mask ignores."""
-    inputs, pred_pos = replay_inputs(model.embed_tokens.weight, prompts, cand_ids, cand_weights, lengths,
-                                     noise_keys, noise_scales)
-    hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
-    hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
-    return token_logprobs(hidden, model.output_weight, response_ids.to(hidden.device), temperature=temperature,
-                          chunk_tokens=chunk_tokens)
+def trimmed(rollout):
+    """A micro-batch's rollout with its per-token tensors cut to its longest response, its log-probs then
+    computed for those positions only (causal attention: the positions cut off change nothing before them)."""
+    width = max(int(rollout.lengths.max()), 1)
+    return replace(rollout, **{name: value[:, :width] for name, value in vars(rollout).items()
+                               if hasattr(value, "dim") and value.dim() > 1})
 
 
 # ----------------------------------------------------------------------------- the update
@@ -559,8 +447,8 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor:
-    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch (batching.py: rows
-    or a token budget). Under torchrun each rank replays its share of the rows and every rank gets all of
+    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch (rows or a token budget:
+    "micro-batches" above). Under torchrun each rank replays its share of the rows and every rank gets all of
     them back, in row order. Positions past a row's response hold values the response mask ignores."""
     num_rows, width, rows = len(rollout.prompts), rollout.response_ids.shape[1], []
     # A bar only on a terminal (of rank 0), and only when replay takes more than 2 s.
@@ -601,7 +489,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     cfg.loss_agg says), cfg.micro_batch_size rows per forward / backward. Every micro-batch divides by the
     whole mini-batch's loss_normalizer, so the gradient does not depend on the split. Returns the metrics,
     or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
-    accumulated). cfg.micro_batch_tokens > 0: micro-batches under that token budget instead (batching.py).
+    accumulated). cfg.micro_batch_tokens > 0: micro-batches under that token budget instead (see "micro-batches" above).
 
     Under torchrun each rank takes its share of the rows (in the same number of calls on every rank)
     and divides by the whole mini-batch's count, so FSDP's reduced gradient is the one-process gradient;

@@ -39,10 +39,23 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import model as M
-from draws import COIN, TOKEN, RowDraws, seed_state
 from model import KVCache
-from ngrpo import length_mask
-from strategies import EXPLORERS, Exploration, StepView, candidate_table, neighbor_candidates
+from strategies import (
+    COIN,
+    EXPLORERS,
+    TOKEN,
+    Exploration,
+    RowDraws,
+    StepView,
+    candidate_table,
+    neighbor_candidates,
+    seed_state,
+)
+
+
+def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width] bool: position t of row b is True when t < lengths[b]."""
+    return torch.arange(width, device=lengths.device)[None] < lengths[:, None]
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,7 @@ class Rollout:
     [B, T, K] (the fed input was sum_k w_k E[id_k]; an unmixed step holds [y, y, ...] and [1, 0, ...]),
     mixed [B, T] (the step fed a mixture), and the noise training replays: noise_keys [B, T] (int64 draw
     keys) and noise_scales [B, T] (its std; 0 = none): the input was the mixture + scale * z, with
-    z = draws.normal_from_keys(key, d)."""
+    z = strategies.normal_from_keys(key, d)."""
 
     prompts: list[list[int]]
     response_ids: torch.Tensor
@@ -167,7 +180,7 @@ class Decoder:
         self.cache = model.new_cache(slots, max_len)
         self.state = Slots.empty(slots, self.device)
         self.logits = torch.zeros(slots, model.cfg.vocab_size, device=self.device)  # [S, V] fp32
-        self.seed = torch.zeros((), dtype=torch.long, device=self.device)  # this call's draws.seed_state
+        self.seed = torch.zeros((), dtype=torch.long, device=self.device)  # this call's strategies.seed_state
         self.ring_pos = torch.zeros((), dtype=torch.long, device=self.device)  # steps recorded since the sync
         self.rings: dict[int, StepRing] = {}  # candidates per step -> the step records since the last sync
         self.tables: dict[int, torch.Tensor] = {}  # candidates per step -> the candidate table's buffer
@@ -579,7 +592,7 @@ class Sampler:
     exploration: Exploration
     embed: torch.Tensor  # [V, d] the input embedding
     cand_table: torch.Tensor | None
-    seed: torch.Tensor  # [] int64: the call's draws.seed_state (a buffer: each call writes its own)
+    seed: torch.Tensor  # [] int64: the call's strategies.seed_state (a buffer: each call writes its own)
     max_len: int  # cache slots per row
 
     def __post_init__(self):
@@ -631,7 +644,7 @@ def generate(model, prompts: list[list[int]], sampling: Sampling, exploration: E
     row is prefilled into its slot at the next sync (refill=False: only when every slot is free, i.e.
     static batches). A step attends over the cache its rows have written, not the whole cache.
     Randomness: row i's response is a function of (seed, row_keys[i], the model) alone: every draw (token,
-    mixing coin, noise) hashes them with the row's response position (draws.py), so it depends on no
+    mixing coin, noise) hashes them with the row's response position (strategies.RowDraws), so it depends on no
     batch-mate, slot or order. row_keys: distinct ints, default 0..len-1 (callers pass e.g. a row's index
     among a training step's rows, or eval.sample_key(problem, sample)). The model runs in its own dtype
     (autocast is off; on GPU pass a bf16 model). cuda_graph: replay each step from a CUDA graph (Decoder);

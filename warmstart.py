@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 import distributed
 from data import PromptBatcher
-from ngrpo import autocast, token_logprobs
+from ngrpo import autocast
+from replay import token_logprobs
 from rollout import Sampling, generate
 
 

@@ -203,7 +203,7 @@ def memory_case(case: str, after: bool) -> None:
     import torch
     import torch.nn.functional as F
 
-    from ngrpo import mixed_embeddings
+    from strategies import mixed_embeddings
 
     torch.manual_seed(0)
     if case == "prefill":  # 8 prompts of 2048 tokens into a cache, the long-tail model
@@ -256,8 +256,8 @@ def bench_draw_cost(args: argparse.Namespace) -> None:
     (rollout.sample_tokens) against the generator-drawn exponential race the sampler used before."""
     import torch
 
-    from draws import TOKEN, RowDraws
     from rollout import sample_tokens
+    from strategies import TOKEN, RowDraws
 
     device = torch.device(args.device)
     generator = torch.Generator(device).manual_seed(0)

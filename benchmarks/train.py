@@ -42,7 +42,7 @@ def train_setup(args: argparse.Namespace, device):
 
 def ours_logprobs(model, ids, chunk_tokens: int = 1024):
     """log p(ids[:, t+1] | ids[:, :t+1]), [B, T-1], from hidden states in chunks: never [B, T, V] logits."""
-    from ngrpo import token_logprobs
+    from replay import token_logprobs
 
     hidden = model.forward_hidden(ids)  # [B, T, d]
     return token_logprobs(hidden[:, :-1], model.output_weight, ids[:, 1:], chunk_tokens=chunk_tokens)[0]
@@ -105,7 +105,7 @@ def cpu_step_memory_mb(args: argparse.Namespace, impl: str) -> float:
 
 def bench_train(args: argparse.Namespace) -> None:
     """One forward + backward of the training log-prob path on the same weights and batch: ours (hidden
-    states -> ngrpo.token_logprobs in chunks of --chunk-tokens, never [B, T, V] logits) against
+    states -> replay.token_logprobs in chunks of --chunk-tokens, never [B, T, V] logits) against
     transformers' model computing full logits + log_softmax + gather. CUDA: fp32 weights under bf16
     autocast, as training runs; CPU: fp32. `peak_mem_mb` is what the step adds at its peak on top of the
     weights and the batch (CUDA: the allocator's peak; CPU: see cpu_step_memory_mb)."""

@@ -1,6 +1,6 @@
 """`python bench.py train --long-tail`: one whole update (ngrpo.update: reference and old-policy replays,
 two optimizer steps) on rows with the rollout bench's long-tailed response lengths, with fixed-row
-micro-batches (--micro-batch-size) against micro-batches by token budget (--micro-batch-tokens, batching.py):
+micro-batches (--micro-batch-size) against micro-batches by token budget (--micro-batch-tokens, ngrpo.micro_batches):
 wall time (and CPU time: other users of a shared machine inflate wall time more), the fraction of replayed
 positions that are padding, peak memory, and the speedup.
 
@@ -58,7 +58,7 @@ def update_config(args, kind: str):
 def padded_fraction(rollout, cfg) -> float:
     """The share of the positions the update's forwards compute that are padding: the two no-grad replays
     over all rows and the policy's forward over each mini-batch, each micro-batch padded to its longest."""
-    from batching import micro_batches, replay_tokens
+    from ngrpo import micro_batches, replay_tokens
 
     def positions(record) -> tuple[int, int]:
         tokens = replay_tokens(record)

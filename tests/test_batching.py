@@ -1,4 +1,4 @@
-"""Micro-batches by token budget (batching.py, --micro-batch-tokens): every row replayed once, within the
+"""Micro-batches by token budget (ngrpo.py, --micro-batch-tokens): every row replayed once, within the
 budget, ranks balanced and making the same number of calls; and the same gradient, metrics, replayed
 log-probs and weights as fixed-row micro-batches (the reference: the whole mini-batch in one forward)."""
 
@@ -11,10 +11,10 @@ import torch
 
 import model as M
 import ngrpo
-from batching import balanced_shares, budget_batches, micro_batches, replay_tokens
 from config import Config
 from distributed import World
 from neighbors import build_neighbor_table
+from ngrpo import balanced_shares, budget_batches, micro_batches, replay_tokens
 from rollout import Exploration, Sampling, generate
 
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41], [100, 101], [8] * 9, [60, 61, 62], [7]]

@@ -22,7 +22,9 @@ import torch.multiprocessing as mp
 import distributed
 from config import preset
 from model import TINY_CONFIG, random_model, save_model
-from ngrpo import length_mask, policy_loss, sequence_logprobs
+from ngrpo import policy_loss
+from replay import sequence_logprobs
+from rollout import length_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = replace(preset("tiny"), kl_coef=0.05)  # the KL term on, so the reference log-probs reach the loss

@@ -4,11 +4,10 @@ import doctest
 
 import pytest
 
-import batching
 import estimators
 import ngrpo
 
-MODULES = [ngrpo, batching, estimators]
+MODULES = [ngrpo, estimators]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -12,6 +12,7 @@ import torch
 
 import eval as E
 import ngrpo
+import rollout
 import train
 from config import parse_config, preset
 
@@ -63,7 +64,7 @@ def test_token_mean_per_rows_against_a_hand_computed_gradient():
     is mean over runs of (sum of -A over the run's tokens / the run's tokens), and d loss / d logp at a token
     of row i is -A_i / (tokens of i's run) / (number of runs)."""
     lengths = torch.tensor([1, 3, 2, 4])
-    mask = ngrpo.length_mask(lengths, 4)
+    mask = rollout.length_mask(lengths, 4)
     advantages = torch.tensor([1.0, -0.5, 2.0, -1.0])
     logp = torch.zeros(4, 4, requires_grad=True)
     cfg = replace(preset("tiny"), loss_agg="token-mean-per-rows", loss_agg_rows=2, kl_coef=0.0)

@@ -15,7 +15,7 @@ import rollout
 import train
 from config import preset
 from neighbors import build_neighbor_table
-from ngrpo import sequence_logprobs
+from replay import sequence_logprobs
 from rollout import Exploration, Sampling, generate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -75,7 +75,7 @@ def test_graphed_greedy_equals_argmax_of_transformers_full_forwards(models):
 @torch.no_grad()
 @pytest.mark.parametrize("strategy", ["neighbor", "soft", "topk-gumbel", "orthogonal_noise"])
 def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
-    """What training replays (ngrpo.sequence_logprobs over the recorded mixtures, and noise redrawn from its
+    """What training replays (replay.sequence_logprobs over the recorded mixtures, and noise redrawn from its
     keys) is what the graphed sampler saw, at the sampling temperature."""
     _, ours = models
     table = build_neighbor_table(ours.output_weight, 1)
@@ -183,10 +183,10 @@ def test_a_decode_step_never_waits_for_the_host(models):
 
 
 def test_the_fused_log_prob_kernels_equal_the_log_softmax_path():
-    """On a GPU ngrpo.token_logprobs runs compiled kernels (logprob_stats, logits_grad); their log-probs, entropies
+    """On a GPU replay.token_logprobs runs compiled kernels (logprob_stats, logits_grad); their log-probs, entropies
     and gradients equal the CPU's log_softmax path on the same numbers (fp32), with a temperature and a last
     chunk shorter than the others."""
-    from ngrpo import token_logprobs
+    from replay import token_logprobs
 
     g = torch.Generator().manual_seed(4)
     hidden, weight = torch.randn(3, 70, 32, generator=g), torch.randn(1000, 32, generator=g) * 0.3

@@ -13,6 +13,7 @@ import torch
 
 import model as M
 import ngrpo
+import replay
 from config import Config
 from neighbors import build_neighbor_table
 from rollout import Exploration, Sampling, generate
@@ -267,7 +268,7 @@ def logprob_path(request, monkeypatch):
     """Both ways ChunkedLogprobs computes a chunk: log_softmax (a CPU) and the fused functions a GPU compiles
     (logprob_stats, logits_grad), here run as written."""
     if request.param == "fused":
-        monkeypatch.setattr(ngrpo, "_fused_or_none", lambda device: (ngrpo.logprob_stats, ngrpo.logits_grad))
+        monkeypatch.setattr(replay, "_fused_or_none", lambda device: (replay.logprob_stats, replay.logits_grad))
     return request.param
 
 
@@ -275,7 +276,7 @@ def logprob_path(request, monkeypatch):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_token_logprobs_equal_a_full_log_softmax(chunk_tokens, temperature, logprob_path):
     hidden, weight, labels = random_hidden_weight_labels()
-    logp, entropy = ngrpo.token_logprobs(hidden, weight, labels, temperature=temperature, chunk_tokens=chunk_tokens)
+    logp, entropy = replay.token_logprobs(hidden, weight, labels, temperature=temperature, chunk_tokens=chunk_tokens)
     ref_logp, ref_entropy = full_log_softmax(hidden, weight, labels, temperature)
     assert logp.shape == entropy.shape == labels.shape
     assert torch.allclose(logp, ref_logp, atol=1e-5)
@@ -290,7 +291,7 @@ def test_token_logprobs_gradient_equals_the_unchunked_reference(chunk_tokens, lo
     for chunked in (True, False):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         if chunked:
-            logp, entropy = ngrpo.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
+            logp, entropy = replay.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
             assert not entropy.requires_grad
         else:
             logp, _ = full_log_softmax(h, w, labels, 0.7)
@@ -330,7 +331,7 @@ def test_replayed_logprobs_equal_the_sampling_logprobs(confident, temperature, e
     rollout = generate(model, PROMPTS, Sampling(temperature=temperature, max_new_tokens=20, stop_ids=STOP_IDS),
                        exploration, neighbor_table=table, seed=0)
     assert rollout.mixed.any()
-    logp, _ = ngrpo.sequence_logprobs(model, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
+    logp, _ = replay.sequence_logprobs(model, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
                                       rollout.lengths, rollout.response_ids, temperature=temperature, chunk_tokens=7)
     mask = torch.arange(rollout.response_ids.shape[1])[None] < rollout.lengths[:, None]
     assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4

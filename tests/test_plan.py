@@ -99,7 +99,7 @@ import torch
 torch.set_num_threads(2)
 from config import Config
 from model import ModelConfig, random_model
-from ngrpo import sequence_logprobs
+from replay import sequence_logprobs
 import plan
 from benchmarks.common import rss_mb
 

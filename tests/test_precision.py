@@ -6,8 +6,9 @@ import torch
 
 import distributed
 from model import TINY_CONFIG, random_model
-from ngrpo import mixed_embeddings, sequence_logprobs
+from replay import sequence_logprobs
 from rollout import Exploration, Sampling, generate
+from strategies import mixed_embeddings
 
 
 def test_the_sampler_copy_is_bf16_and_equals_the_policy_after_a_step():

@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
-import ngrpo
+import replay
 import rollout
-from draws import normal_from_keys
 from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
+from strategies import normal_from_keys
 
 V = 97
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41]]
@@ -391,12 +391,12 @@ RELEASED_STRATEGIES = [
 @pytest.mark.parametrize("exploration", RELEASED_STRATEGIES, ids=lambda x: x.strategy)
 def test_the_released_strategies_replay_exactly_in_training(models, exploration):
     """transformers over the recorded inputs (noise redrawn from its keys) and the training forward
-    (ngrpo.sequence_logprobs) both give back every recorded log-prob."""
+    (replay.sequence_logprobs) both give back every recorded log-prob."""
     hf, ours = models
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration, seed=12)
     assert rollout.mixed.any() and not rollout.mixed.all()
     assert_replay_reproduces(hf, rollout, temperature=0.8, greedy_anchor=exploration.strategy != "topk-gumbel")
-    logp, _ = ngrpo.sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
+    logp, _ = replay.sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
                                       rollout.lengths, rollout.response_ids, temperature=0.8,
                                       noise_keys=rollout.noise_keys, noise_scales=rollout.noise_scales)
     assert (logp - rollout.logprobs)[rollout.response_mask()].abs().max() < 1e-4

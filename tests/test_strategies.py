@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import strategies
-from draws import GUMBEL, RowDraws
-from strategies import Exploration, StepView
+from strategies import GUMBEL, Exploration, RowDraws, StepView
 
 Z = [1.0, 3.0, 0.5, 2.0, -1.0]  # one row's logits; p's order: token 1, 3, 0, 2, 4
 
@@ -66,7 +65,7 @@ def test_topk_gumbel_ranks_by_gumbel_perturbed_scores_and_weighs_without_them():
     view = step_view(Exploration("topk-gumbel", top_k=3, mix_temperature=t, mix_rate=0.5), [Z] * rows, seed=3)
     mixture = strategies.explore_topk_gumbel(view)
     p = softmax(Z)
-    u = view.draws.uniform(GUMBEL, len(Z))  # the step's uniforms (draws.py is tested on its own)
+    u = view.draws.uniform(GUMBEL, len(Z))  # the step's uniforms (the draws are tested on their own, test_draws.py)
     for row in range(rows):
         ranked = [p[i] / t - math.log(-math.log(min(max(float(u[row, i]), 1e-6), 1 - 1e-6))) for i in range(5)]
         cand = sorted(range(5), key=lambda i: -ranked[i])[:3]
