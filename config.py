@@ -577,7 +577,9 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
         print(json.dumps(asdict(cfg), indent=2))
         parser.exit()
     if plan_args[0]:
-        from plan import print_plan  # imported here: the plan reads config.json files, the parser needs none of it
+        from runtime.plan import (
+            print_plan,  # imported here: the plan reads config.json files, the parser needs none of it
+        )
 
         parser.exit(print_plan(cfg, gpus=plan_args[1], gpu_gb=plan_args[2]))
     return cfg

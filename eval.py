@@ -28,11 +28,10 @@ import torch
 
 import config
 import data
-import distributed
-import guard
 import reward
-from distributed import World
 from estimators import PASS_KS, intervals, pass_at_k
+from runtime import distributed, guard
+from runtime.distributed import World
 
 # Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
 HUB_BENCHMARKS = {

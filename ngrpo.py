@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import distributed
-from distributed import World
 from replay import sequence_logprobs
+from runtime import distributed
+from runtime.distributed import World
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-6,

@@ -362,7 +362,7 @@ def release_decoder(model) -> None:
 PREFILL_TOKENS = 16384  # prompt tokens (rows x their longest prompt) per prefill forward
 MIN_WINDOW = 64  # the shortest attention window of a decode step
 SYNC_EVERY = 8  # decode steps between the loop's host syncs (to retire finished rows and admit waiting ones)
-CACHE_ROUND = 256  # the KV cache's positions per row are rounded up to a multiple of this (plan.py counts it)
+CACHE_ROUND = 256  # the KV cache's positions per row are rounded up to a multiple of this (runtime/plan.py counts it)
 
 
 def attention_window(needed: int, max_len: int) -> int:

@@ -24,11 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import distributed
 import eval as evaluation
-import plan
-from analysis import group_diversity, mixture_closeness
-from checkpoint import checkpoint_dirs, newest_intact, save_checkpoint, save_weights, trim_metrics
 from config import RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
@@ -39,14 +35,17 @@ from data import (
     pad_id_of,
     tokenize_problems,
 )
-from guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
+from research.analysis import group_diversity, mixture_closeness
 from reward import RewardPool, extract_answer
 from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate, release_decoder
-from tracking import Tracker
-from warmstart import held_out_accuracy, warm_start
+from runtime import distributed, plan
+from runtime.checkpoint import checkpoint_dirs, newest_intact, save_checkpoint, save_weights, trim_metrics
+from runtime.guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
+from runtime.tracking import Tracker
+from runtime.warmstart import held_out_accuracy, warm_start
 
 
 class RunError(SystemExit):
@@ -505,7 +504,7 @@ def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
 
 
 def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
-    """The newest checkpoint whose files are those written (checkpoint.py); each newer damaged one is named
+    """The newest checkpoint whose files are those written (runtime/checkpoint.py); each newer damaged one is named
     with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
     found, skipped = newest_intact(checkpoints)
     if found is None:
@@ -556,7 +555,7 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
 
 def check_memory(cfg: Config, device: torch.device, world: distributed.World) -> None:
     """Refuses, before anything is loaded, a flag the model's vocabulary rules out (--num-neighbors,
-    --soft-top-k), then a run whose memory plan (plan.py: what `--plan` prints) does not fit the device: each
+    --soft-top-k), then a run whose memory plan (runtime/plan.py: what `--plan` prints) does not fit the device: each
     GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read is left to
     load_policy, which says why."""
     try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)

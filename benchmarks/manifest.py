@@ -1,4 +1,4 @@
-"""`python bench.py manifest`: hashing a checkpoint for its manifest (checkpoint.py), every block on every core
+"""`python bench.py manifest`: hashing a checkpoint for its manifest (runtime/checkpoint.py), every block on every core
 (`tree_digests`, what the manifest records) against one whole-file SHA-256 stream per file (`sha256_of`, what
 manifests recorded before), over random files shaped like a checkpoint's (AdamW state, weights, small files)."""
 
@@ -13,7 +13,7 @@ from benchmarks.common import emit
 
 
 def bench_manifest(args: argparse.Namespace) -> None:
-    import checkpoint
+    from runtime import checkpoint
 
     sizes = {"optimizer.pt": 2 / 3, "model.safetensors": 1 / 3}  # AdamW's two moments are twice the weights
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:

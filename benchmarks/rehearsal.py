@@ -156,8 +156,8 @@ def check_ids(cfg) -> None:
 
 
 def predictions(cfg, checkpoint: Path):
-    """Per-phase predicted bytes from plan.py, for the CPU and the prompts as the run renders them."""
-    import plan
+    """Per-phase predicted bytes from runtime/plan.py, for the CPU and the prompts as the run renders them."""
+    from runtime import plan
 
     mc = plan.model_config(str(checkpoint))
 

@@ -1,4 +1,4 @@
-"""analysis.py and estimators.py: diversity metrics against hand counts, bootstrap intervals against a
+"""research/analysis.py and the estimators: diversity metrics against hand counts, bootstrap intervals against a
 hand-rolled resample, the paired comparison against hand counts on small samples files."""
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import analysis as A
 import estimators as S
+from research import analysis as A
 from reward import RewardPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,9 +200,9 @@ def test_compare_cli_prints_the_table_and_writes_json(tmp_path):
     write_samples(tmp_path / "a", RUN_A)
     write_samples(tmp_path / "b", RUN_B)
     out = tmp_path / "cmp.json"
-    done = subprocess.run([sys.executable, str(ROOT / "analysis.py"), "compare", str(tmp_path / "a"),
+    done = subprocess.run([sys.executable, "-m", "research.analysis", "compare", str(tmp_path / "a"),
                            str(tmp_path / "b"), "--out", str(out), "--resamples", "100"],
-                          capture_output=True, text=True, check=True)
+                          cwd=ROOT, capture_output=True, text=True, check=True)
     assert "only A 2, only B 1, both 1, neither 1" in done.stdout
     saved = json.loads(out.read_text())
     assert saved["benchmarks"]["toy"]["solved"]["only_a"] == 2 and saved["resamples"] == 100

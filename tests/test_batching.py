@@ -12,10 +12,10 @@ import torch
 import model as M
 import ngrpo
 from config import Config
-from distributed import World
 from neighbors import build_neighbor_table
 from ngrpo import balanced_shares, budget_batches, micro_batches, replay_tokens
 from rollout import Exploration, Sampling, generate
+from runtime.distributed import World
 
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41], [100, 101], [8] * 9, [60, 61, 62], [7]]
 STOP_IDS = tuple(range(0, 262, 9))  # rows end early, at different steps

@@ -1,4 +1,4 @@
-"""distributed.py on the CPU with the gloo backend: 2 processes started by the tests themselves give what
+"""runtime/distributed.py on the CPU with the gloo backend: 2 processes started by the tests themselves give what
 one process gives (gradients, metrics, weights after a step, gathered checkpoints, resumed optimizer state);
 a failing or hung rank stops the job with that rank's message; without torchrun nothing is distributed.
 
@@ -19,12 +19,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import distributed
 from config import preset
 from model import TINY_CONFIG, random_model, save_model
 from ngrpo import policy_loss
 from replay import sequence_logprobs
 from rollout import length_mask
+from runtime import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = replace(preset("tiny"), kl_coef=0.05)  # the KL term on, so the reference log-probs reach the loss
@@ -260,7 +260,7 @@ def test_dealt_batches_cover_every_item_once_with_equal_call_counts(num_items, b
 
 WORKER = """
 import sys, time
-import distributed
+from runtime import distributed
 world = distributed.init_world(device="cpu", timeout_s=float(sys.argv[1]))
 if world.rank == 1:
     if sys.argv[2] == "raise":

@@ -1,4 +1,4 @@
-"""experiments.py: a 1-step sweep end to end through train.py and eval.py, the table against the per-run
+"""research/experiments.py: a 1-step sweep end to end through train.py and eval.py, the table against the per-run
 results.json files, skipping finished runs, and the example sweep files against the real flags."""
 
 import csv
@@ -10,7 +10,7 @@ import pytest
 
 import config
 import eval as E
-import experiments as X
+from research import experiments as X
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -459,7 +459,7 @@ def test_update_is_on_policy_only_for_one_step_on_the_sampled_weights(tiny, monk
 
 
 def test_an_update_frees_the_gradients_it_made(tiny):
-    """.grad is not held through the next rollouts (plan.py counts the gradients in the update phase only)."""
+    """.grad is not held through the next rollouts (runtime/plan.py counts the gradients in the update phase only)."""
     model, _ = tiny
     rollout = generate(model, PROMPTS[:4], Sampling(max_new_tokens=8, stop_ids=STOP_IDS), seed=1)
     trained = copy.deepcopy(model)

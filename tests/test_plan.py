@@ -1,4 +1,4 @@
-"""plan.py, the memory plan: against hand counts of a small config, against memory measured on the CPU at two
+"""runtime/plan.py, the memory plan: against hand counts of a small config, against memory measured on the CPU at two
 shapes, and as train.py's `--plan` and its check before loading."""
 
 import json
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import plan
 import rollout
 import train
 from config import Config, preset
 from model import ModelConfig, Transformer
+from runtime import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -100,7 +100,7 @@ torch.set_num_threads(2)
 from config import Config
 from model import ModelConfig, random_model
 from replay import sequence_logprobs
-import plan
+from runtime import plan
 from benchmarks.common import rss_mb
 
 d, inter, layers, V, rows, P, T, checkpointing, chunk = json.loads(sys.argv[1])
@@ -235,7 +235,7 @@ def test_plan_names_the_larger_rollout_batch_the_paper_preset_could_use(shared_d
 
 
 def test_a_run_is_told_when_its_gpu_holds_a_larger_rollout_batch(monkeypatch, capsys):
-    import distributed
+    from runtime import distributed
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000 * plan.GIB, 1000 * plan.GIB))
     cfg = replace(preset("tiny"), rollout_batch_size=2)  # 16 prompts x 4 responses a step

@@ -1,4 +1,4 @@
-"""plot.py: runs grouped over seeds by their configs, the band's numbers by hand, PNG files from small
+"""research/plot.py: runs grouped over seeds by their configs, the band's numbers by hand, PNG files from small
 metrics.jsonl files (skips without matplotlib)."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import plot
+from research import plot
 
 
 def make_run(path: Path, explore: str, seed: int, rewards: list[float], held_out: dict[int, float]) -> Path:

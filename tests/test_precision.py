@@ -4,10 +4,10 @@ refresh after an optimizer step, and the dtypes at each boundary between the bf1
 
 import torch
 
-import distributed
 from model import TINY_CONFIG, random_model
 from replay import sequence_logprobs
 from rollout import Exploration, Sampling, generate
+from runtime import distributed
 from strategies import mixed_embeddings
 
 

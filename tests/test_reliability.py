@@ -102,8 +102,8 @@ def test_a_reward_that_always_fails_stops_the_run_naming_it(tmp_path, user_rewar
 
 
 def test_a_manifest_catches_a_truncated_a_missing_and_a_changed_file(tmp_path, monkeypatch):
-    import checkpoint
-    from checkpoint import damage, write_manifest
+    from runtime import checkpoint
+    from runtime.checkpoint import damage, write_manifest
 
     monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 1024)  # several blocks per file, hashed in parallel
     ckpt = tmp_path / "step-1"
@@ -127,7 +127,7 @@ def test_a_manifest_catches_a_truncated_a_missing_and_a_changed_file(tmp_path, m
 def test_a_files_digest_is_the_sha256_of_its_blocks_sha256s(tmp_path, monkeypatch):
     """The manifest's digests against hashlib by hand: blocks of 1,000 bytes (the last one short), their
     SHA-256s concatenated in order, hashed again; an empty file is the SHA-256 of nothing."""
-    import checkpoint
+    from runtime import checkpoint
 
     monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 1000)
     monkeypatch.setattr(checkpoint, "READ_BYTES", 300)  # reads that do not line up with blocks
@@ -148,7 +148,7 @@ def test_a_files_digest_is_the_sha256_of_its_blocks_sha256s(tmp_path, monkeypatc
 
 def test_a_manifest_written_before_block_digests_is_still_checked(tmp_path):
     """Checkpoints written by the previous version record each file's whole-file SHA-256."""
-    from checkpoint import damage
+    from runtime.checkpoint import damage
 
     data = os.urandom(5000)
     (tmp_path / "optimizer.pt").write_bytes(data)
@@ -335,7 +335,7 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_while_checkpointing_is_one_line_and_the_previous_checkpoint_stays(tmp_path, small_disk):
-    from checkpoint import damage
+    from runtime.checkpoint import damage
 
     out = (small_disk or tmp_path) / "run"
     args = [*TINY, "--max-steps", "3", "--save-every", "1", "--out-dir", str(out)]

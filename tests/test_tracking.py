@@ -1,11 +1,11 @@
-"""tracking.py: what is logged to TensorBoard reads back from the event file; W&B offline writes its run;
+"""runtime/tracking.py: what is logged to TensorBoard reads back from the event file; W&B offline writes its run;
 bad backend names are clear errors. Each backend's test skips when its package is absent."""
 
 import math
 
 import pytest
 
-import tracking
+from runtime import tracking
 
 STEPS = [{"step": 1, "reward_mean": 0.25, "div/distinct_1": 0.5, "skipped_minibatches": 0, "note": "text"},
          {"step": 2, "reward_mean": 0.5, "div/distinct_1": 0.4, "skipped_minibatches": 1, "kl": math.nan},

@@ -12,11 +12,11 @@ import torch
 
 import ngrpo
 import train
-import warmstart
 from config import preset
 from data import load_problems, tiny_tokenizer, tokenize_problems
 from model import TINY_CONFIG, load_model, random_model, save_model
 from reward import RewardPool
+from runtime import warmstart
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")

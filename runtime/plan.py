@@ -3,7 +3,7 @@ config.json alone, before anything is loaded.
 
     python train.py --preset paper-7b --plan --plan-gpus 8 --plan-gpu-gb 80
 
-`plan_memory` counts what train.py, ngrpo.py, rollout.py and distributed.py hold, as they hold it (docs/plan.md
+`plan_memory` counts what train.py, ngrpo.py, rollout.py and runtime/distributed.py hold, as they hold it (docs/plan.md
 says where each row comes from): the fp32 policy, its gradients and AdamW moments (sharded over the GPUs under
 torchrun), the sampler's copy (bf16, unsharded on every GPU; none on one CPU, where the policy samples), the
 reference model (bf16; sharded under torchrun), the rollout's KV cache and decode buffers, and the update's

@@ -1,6 +1,6 @@
 """Training curves of one or several runs, one PNG per figure, from their metrics.jsonl (matplotlib needed).
 
-    python plot.py runs/sweeps/demo-tiny/*/seed-* --out plots/
+    python -m research.plot runs/sweeps/demo-tiny/*/seed-* --out plots/
 
 Runs whose config.json agree on everything but the seed (and out_dir, resume, overwrite) are one curve: the
 mean over those seeds, with a band from the lowest to the highest seed. A curve is labelled by the config
@@ -148,7 +148,7 @@ def main(argv=None) -> list[Path]:
     try:
         import matplotlib  # noqa: F401  (an optional dependency: say so before reading anything)
     except ImportError:
-        sys.exit("error: plot.py needs matplotlib: pip install matplotlib")
+        sys.exit("error: research.plot needs matplotlib: pip install matplotlib")
     try:
         written = plot_runs([Path(r) for r in args.runs], Path(args.out))
     except (OSError, ValueError) as error:

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-import distributed
-from guard import Refused, reason
 from model import save_model
+from runtime import distributed
+from runtime.guard import Refused, reason
 
 MANIFEST = "manifest.json"
 # What a checkpoint written before manifests existed must hold (checked by presence and size only).

@@ -7,11 +7,11 @@ import sys
 import torch
 from tqdm import tqdm
 
-import distributed
 from data import PromptBatcher
 from ngrpo import autocast
 from replay import token_logprobs
 from rollout import Sampling, generate
+from runtime import distributed
 
 
 def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_tokens: int,

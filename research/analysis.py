@@ -1,7 +1,7 @@
 """Measuring exploration and comparing runs: group-diversity diagnostics, bootstrap intervals, paired tests.
 
-    python analysis.py compare RUN_A RUN_B [--out FILE]   # two eval.py output directories (or samples.jsonl)
-    python analysis.py diversity RUN [RUN ...]            # group diversity of evaluated runs
+    python -m research.analysis compare RUN_A RUN_B [--out FILE]   # two eval.py output directories (or samples.jsonl)
+    python -m research.analysis diversity RUN [RUN ...]            # group diversity of evaluated runs
 
 Diversity (cheap, no model calls; for metrics.jsonl every step; docs/experiments.md defines each key):
     group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., ...}

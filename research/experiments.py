@@ -1,7 +1,7 @@
 """The ablation runner: trains and evaluates every run of a sweep file, then writes one table.
 
-    python experiments.py sweeps/demo-tiny.json                 # runs/sweeps/demo-tiny/table.md and table.csv
-    python experiments.py sweeps/methods.json --dry-run         # the commands, without running them
+    python -m research.experiments sweeps/demo-tiny.json        # runs/sweeps/demo-tiny/table.md and table.csv
+    python -m research.experiments sweeps/methods.json --dry-run # the commands, without running them
 
 Each run is `python train.py` then `python eval.py` on its final checkpoint, as subprocesses: the runner
 only needs the command lines, so it works for any flags the two accept. A sweep file is JSON:
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from analysis import load_samples
 from estimators import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
+from research.analysis import load_samples
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the repo: train.py and eval.py are there
 SWEEP_KEYS = {"description", "preset", "train", "eval", "seeds", "metrics", "runs"}
 RUN_KEYS = {"name", "preset", "train", "eval", "seeds", "evals", "model"}
 
