@@ -28,8 +28,16 @@ import distributed
 import eval as evaluation
 import plan
 from analysis import group_diversity, mixture_closeness
-from checkpoint import checkpoint_dirs, newest_intact, save_checkpoint, save_weights, trim_metrics
-from config import RUN_CONTROL_FIELDS, Config, parse_config
+from checkpoint import (
+    checkpoint_dirs,
+    clear_run,
+    newest_intact,
+    run_outputs,
+    save_checkpoint,
+    save_weights,
+    trim_metrics,
+)
+from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
     PromptBatcher,
@@ -473,17 +481,22 @@ def say(world: distributed.World, text: str, file=sys.stdout) -> None:
 
 def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
-    holding another run's checkpoints unless --resume (continue it) or --overwrite (start over there); a
-    --resume continues from the newest intact checkpoint (newer damaged ones are set aside), and one whose
-    settings differ from that checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
-    refused unless --allow-config-change."""
+    holding another run unless --resume (continue it) or --overwrite (start over there; setup then deletes the
+    earlier run), or unless it is the earlier output of this run's own preset where that preset replaces its own
+    (REPLACES_ITS_OWN_OUTPUT); a --resume continues from the newest intact checkpoint (newer damaged ones are set
+    aside), and one whose settings differ from that checkpoint's in anything but how the run is driven
+    (RUN_CONTROL_FIELDS) is refused unless --allow-config-change."""
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
-    checkpoints = checkpoint_dirs(out_dir)
-    if checkpoints and not cfg.resume and not cfg.overwrite:
-        raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
-                       "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
+    checkpoints, earlier = checkpoint_dirs(out_dir), run_outputs(out_dir)
+    if earlier and not cfg.resume and not cfg.overwrite and not own_output(cfg, out_dir):
+        if checkpoints:
+            raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
+                           "--resume to continue it, --overwrite to start over there (deleting that run), or another "
+                           "--out-dir")
+        raise RunError(f"{out_dir} holds an earlier run ({', '.join(earlier)}; no checkpoint to resume); pass "
+                       "--overwrite to start over there (deleting it), or another --out-dir")
     if not checkpoints or not cfg.resume:
         return out_dir, None
     latest = intact_checkpoint(out_dir, checkpoints)
@@ -500,6 +513,16 @@ def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     if changed:
         print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
     return out_dir, latest
+
+
+def own_output(cfg: Config, out_dir: Path) -> bool:
+    """Whether out_dir's earlier run was made by this run's preset, one that replaces its own output."""
+    if cfg.preset not in REPLACES_ITS_OWN_OUTPUT:
+        return False
+    try:
+        return json.loads((out_dir / "config.json").read_text()).get("preset") == cfg.preset
+    except (OSError, ValueError, AttributeError):  # no config.json, or not one of ours: not the preset's
+        return False
 
 
 def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
@@ -611,8 +634,10 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         if cfg.resume and not checkpoint_dirs(out_dir):
             print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning",
                   file=sys.stderr)
-        if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
-            shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's
+        if not cfg.resume and run_outputs(out_dir):  # claim_out_dir allowed it: --overwrite, or the preset's own
+            removed = clear_run(out_dir)  # all of it: a later --resume must never pick up the other run's
+            why = "--overwrite" if cfg.overwrite else f"the {cfg.preset} preset replaces its own earlier output"
+            print(f"{out_dir}: deleted the earlier run ({', '.join(removed)}): {why}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     try:

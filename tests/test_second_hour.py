@@ -1,0 +1,79 @@
+"""What a new user meets right after the demo (issue 35): a preset never deletes another run and an overwrite
+leaves nothing of the earlier one; eval.py stops on Ctrl-C / SIGTERM like train.py and resumes from the
+printed command; a hub id on a machine without the hub fails at once in one line; eval.py takes a training
+run's folder and the built-in arith sets; checkpoints follow the umask; --help shows what a run uses."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_first_hour import error_line, snapshot
+
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "tiny", "--prompts-per-step", "4", "--mini-batch-prompts", "4", "--max-new-tokens", "8"]
+# A run of another preset (the demo's, cut to seconds) that writes every kind of output: a warm start,
+# completions, held-out accuracy, checkpoints.
+DEMO = ["--preset", "demo", "--data", "arith:max_count=5,n=100", "--sft-steps", "2", "--sft-batch-size", "4",
+        "--sft-eval-every", "1", "--sft-dev-problems", "4", "--eval-problems", "4", "--eval-every", "1",
+        "--prompts-per-step", "4", "--mini-batch-prompts", "4", "--max-new-tokens", "8",
+        "--log-completions-every", "1", "--save-every", "1", "--max-steps", "2"]
+
+
+# ----------------------------------------------------------------------------- nothing deleted unasked
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    """The outputs of a run of the demo preset (each test copies them)."""
+    out = tmp_path_factory.mktemp("demo") / "run"
+    train.main([*DEMO, "--out-dir", str(out)])
+    return out
+
+
+def test_a_preset_run_never_deletes_another_run(tmp_path, capsys, demo_run):
+    out = tmp_path / "my-real-run"
+    shutil.copytree(demo_run, out)
+    assert {"completions.jsonl", "warm_start", "checkpoints", "summary.json"} <= {p.name for p in out.iterdir()}
+    before = snapshot(out)
+    message = error_line(train.main, [*TINY, "--max-steps", "1", "--out-dir", str(out)], capsys)
+    assert message.startswith(f"error: {out} holds checkpoints of an earlier run (latest: step-2)")
+    assert "--overwrite" in message and "--resume" in message
+    assert snapshot(out) == before  # not a byte changed
+
+
+def test_an_overwrite_deletes_the_whole_earlier_run(tmp_path, capsys, demo_run):
+    out = tmp_path / "run"
+    shutil.copytree(demo_run, out)
+    (out / "notes.txt").write_text("mine")  # not the run's: stays
+    capsys.readouterr()
+    train.main([*TINY, "--max-steps", "1", "--out-dir", str(out), "--overwrite", "--save-every", "0"])
+    assert "deleted the earlier run (checkpoints, config.json, metrics.jsonl, completions.jsonl, summary.json, " \
+           "warm_start" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl",
+                                                     "neighbors", "notes.txt", "summary.json"]
+    assert [d.name for d in train.checkpoint_dirs(out)] == ["step-1"]
+    assert json.loads((out / "config.json").read_text())["preset"] == "tiny"
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_preset_replaces_its_own_earlier_output_and_says_so(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    train.main([*TINY, "--max-steps", "2", "--out-dir", str(out), "--log-completions-every", "1"])
+    capsys.readouterr()
+    train.main([*TINY, "--max-steps", "1", "--out-dir", str(out)])
+    assert "the tiny preset replaces its own earlier output" in capsys.readouterr().err
+    assert [d.name for d in train.checkpoint_dirs(out)] == ["step-1"] and not (out / "completions.jsonl").exists()
+
+
+def test_a_run_without_checkpoints_is_not_silently_replaced(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
+    (out / "config.json").write_text(json.dumps({"preset": "grpo-1.5b"}))
+    message = error_line(train.main, [*TINY, "--max-steps", "1", "--out-dir", str(out)], capsys)
+    assert "holds an earlier run (config.json, metrics.jsonl; no checkpoint to resume)" in message
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1, "reward_mean": 0.5}\n'
