@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -131,7 +132,8 @@ def sample_key(problem_index: int, sample: int) -> int:
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
-             score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None) -> dict:
+             score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None,
+             stop: guard.StopOnSignals | None = None) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed, row_keys) ->
     (texts, tokens)` in batches sorted by prompt length (seed: benchmark_seed; row_keys: each sample's
     sample_key), scores them with `score_fn(pairs, kind) -> [0/1]`, writes samples.jsonl and results.json
@@ -139,7 +141,10 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
 
     Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
     each round's samples, writes them in batch order and alone writes the files. A sample's draws depend
-    on its seed and key only, so the results depend on neither the world size nor the batch size."""
+    on its seed and key only, so the results depend on neither the world size nor the batch size.
+
+    With `stop` (every rank passes one), a signal it caught ends the evaluation after the round in flight, on
+    every rank alike: KeyboardInterrupt(samples in samples.jsonl, the signal's number)."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -173,6 +178,9 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                 done.update({(name, record["problem_id"], record["sample"]): record for record in records})
                 if world.is_main:
                     append_samples(samples_file, records)
+                caught = stop and distributed.max_across({"signal": float(stop.signal_number)}, world)["signal"]
+                if caught:  # every rank stops after the same round, whichever got the signal
+                    raise KeyboardInterrupt(len(done), int(caught))
             correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
             results[name] = summarize(correct, n)
     math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
@@ -388,6 +396,11 @@ def main(argv=None) -> dict:
             results = run(args, cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return results
+    except KeyboardInterrupt as interrupt:  # (samples kept, signal) when evaluate stopped after a batch
+        if world.is_main:  # rank 0 says it once
+            print(interrupted(interrupt, Path(cfg.out_dir), list(sys.argv[1:] if argv is None else argv)),
+                  file=sys.stderr)
+        raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else signal.SIGINT)) from None
     except guard.Refused as error:  # another evaluation holds --out-dir, or the OS refused a write
         sys.exit(f"error: {error}")
     except OSError as error:
@@ -396,6 +409,19 @@ def main(argv=None) -> dict:
         sys.exit(f"error: cannot write {error.filename or cfg.out_dir}: {guard.reason(error, Path(cfg.out_dir))}")
     finally:
         distributed.close_world(world)
+
+
+def interrupted(interrupt: KeyboardInterrupt, out_dir: Path, argv: list[str]) -> str:
+    """What an interrupted evaluation says: the samples kept and the command that continues it. A second
+    Ctrl-C (a KeyboardInterrupt with no args) drops the batch in flight; the samples written before it stay."""
+    samples = out_dir / "samples.jsonl"
+    kept = interrupt.args[0] if interrupt.args else \
+        (len(samples.read_text().splitlines()) if samples.is_file() else 0)
+    if not kept:
+        return "interrupted before the first sample was written; nothing to resume"
+    dropped = "" if interrupt.args else " (the batch in flight is dropped)"
+    return (f"interrupted: {kept} samples kept in {samples}{dropped}; continue with: "
+            f"{guard.resume_command(argv, 'eval.py')}")
 
 
 def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
@@ -446,10 +472,10 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     generate_fn = sampler_fn(model, tokenizer, sampling, exploration, table, progress=world.is_main)
     scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed}
-    with pool:
+    with pool, guard.StopOnSignals("this batch (every finished sample is kept)") as stop:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
                            seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by,
-                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind), stop=stop)
         failed = distributed.sum_across({"errors": pool.errors, "timeouts": pool.timeouts}, world)
     if world.is_main:
         if failed["errors"] or failed["timeouts"]:

@@ -76,10 +76,13 @@ def reason(error: BaseException, path: Path) -> str:
 
 class StopOnSignals:
     """The first Ctrl-C or SIGTERM (what SLURM and Kubernetes send before they kill a job) asks the loop to
-    stop after the current step, which is then checkpointed; a second one stops at once (SIGTERM: the
-    default, an immediate exit). `signal_number` says which came first."""
+    stop after the current step (`after` says what that means to the user); a second one stops at once
+    (SIGTERM: the default, an immediate exit). `signal_number` says which came first."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, after: str = "this step and writing a checkpoint"):
+        self.after = after
 
     def __enter__(self):
         self.requested, self.signal_number = False, 0
@@ -91,8 +94,8 @@ class StopOnSignals:
         for number, previous in self._previous.items():  # the next one is a plain KeyboardInterrupt / SIGTERM
             signal.signal(number, previous)
         name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
-        print(f"\n{name}: stopping after this step and writing a checkpoint (a second Ctrl-C or SIGTERM stops "
-              "at once)", file=sys.stderr, flush=True)
+        print(f"\n{name}: stopping after {self.after} (a second Ctrl-C or SIGTERM stops at once)", file=sys.stderr,
+              flush=True)
 
     def __exit__(self, *exc_info):
         for number, previous in self._previous.items():
@@ -101,8 +104,9 @@ class StopOnSignals:
 
 def resume_command(argv: list[str], script: str = "train.py") -> str:
     """The command that continues this run, shell-quoted so that it works when pasted (an empty
-    --instruction '', a path with spaces); under torchrun, with its launcher."""
+    --instruction '', a path with spaces); under torchrun, with its launcher and `--` before the script (eval.py's
+    --n would otherwise be taken for an abbreviation of one of torchrun's options)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     launcher = ["python"] if world_size == 1 else \
-        ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', world_size)}"]
+        ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', world_size)}", "--"]
     return shlex.join([*launcher, script, *argv, *([] if "--resume" in argv else ["--resume"])])

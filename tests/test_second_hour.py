@@ -4,12 +4,19 @@ printed command; a hub id on a machine without the hub fails at once in one line
 run's folder and the built-in arith sets; checkpoints follow the umask; --help shows what a run uses."""
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_first_hour import error_line, snapshot
 
+import eval as E
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,3 +84,59 @@ def test_a_run_without_checkpoints_is_not_silently_replaced(tmp_path, capsys):
     message = error_line(train.main, [*TINY, "--max-steps", "1", "--out-dir", str(out)], capsys)
     assert "holds an earlier run (config.json, metrics.jsonl; no checkpoint to resume)" in message
     assert (out / "metrics.jsonl").read_text() == '{"step": 1, "reward_mean": 0.5}\n'
+
+
+# ----------------------------------------------------------------------------- eval.py stops like train.py
+
+
+def eval_run(bench: Path, out_dir: Path) -> list[str]:
+    """An evaluation of 6 problems x 4 samples in 12 batches: long enough to be interrupted in the middle."""
+    return ["--model", "tiny", "--benchmarks", str(bench), "--n", "4", "--batch-size", "2", "--max-new-tokens", "32",
+            "--out-dir", str(out_dir)]
+
+
+def outcome(out_dir: Path) -> tuple[dict, dict]:
+    """(results.json, every sample by (benchmark, problem, sample))."""
+    samples = [json.loads(line) for line in (out_dir / "samples.jsonl").read_text().splitlines()]
+    return (json.loads((out_dir / "results.json").read_text()),
+            {(s["benchmark"], s["problem_id"], s["sample"]): s for s in samples})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, tuple[dict, dict]]:
+    """The benchmark file and the outcome of one whole evaluation of it (one thread, as the subprocesses run)."""
+    root = tmp_path_factory.mktemp("eval")
+    bench = root / "sums.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n"
+                             for i in range(6)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        E.main(eval_run(bench, root / "whole"))
+    finally:
+        torch.set_num_threads(threads)
+    return bench, outcome(root / "whole")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_eval_stops_on_a_signal_and_the_printed_command_resumes_it_to_the_same_results(tmp_path, uninterrupted,
+                                                                                       signum):
+    bench, whole = uninterrupted
+    out = tmp_path / "my eval"  # a space: the printed command must quote it
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    process = subprocess.Popen([sys.executable, "eval.py", *eval_run(bench, out)], cwd=ROOT, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    samples = out / "samples.jsonl"
+    while process.poll() is None and not (samples.exists() and samples.read_text().count("\n")):
+        time.sleep(0.01)  # until the first batch is written
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum and "Traceback" not in stderr, stderr
+    line = stderr.strip().splitlines()[-1]
+    kept = int(line.removeprefix("interrupted: ").split()[0])
+    assert line.startswith(f"interrupted: {kept} samples kept in {samples}; continue with: python eval.py ")
+    assert 2 <= kept < 24 and len(samples.read_text().splitlines()) == kept and not (out / "results.json").exists()
+    resumed = subprocess.run(line.split("continue with: ")[1], shell=True, cwd=ROOT, env=env, text=True,
+                             capture_output=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert outcome(out) == whole
