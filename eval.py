@@ -442,11 +442,13 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         distributed.barrier(world)
         benchmarks = load_benchmarks(args.benchmarks, args.limit, flag="--benchmarks")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        flag = f"--model {cfg.model}"
         try:
             model = load_model(cfg.model, dtype=dtype, device=device).eval()
+            flag = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else flag
             tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
         except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
-            raise data.DataError(data.describe_load_error(error, f"--model {cfg.model}")) from None
+            raise data.DataError(data.describe_load_error(error, flag)) from None
         cfg.check_vocabulary(model.cfg.vocab_size, cfg.model)
         exploration = exploration_from_config(cfg, tokenizer)
     except (data.DataError, ValueError) as error:

@@ -40,6 +40,7 @@ from checkpoint import (
 from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
+    HubUnreachable,
     PromptBatcher,
     describe_load_error,
     load_problems,
@@ -541,14 +542,16 @@ def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
 
 def load_policy(cfg: Config, device: torch.device, *, seed: int):
     """The fp32 model to train (the random tiny preset, or a checkpoint) and its tokenizer."""
+    flag = f"--model {cfg.model}"
     try:
         if cfg.model == "tiny":
             policy = random_model(TINY_CONFIG, dtype=torch.float32, device=device, seed=seed)
         else:
             policy = load_model(cfg.model, dtype=torch.float32, device=device)
+        flag = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else flag
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
-        raise RunError(describe_load_error(error, f"--model {cfg.model}")) from None
+        raise RunError(describe_load_error(error, flag)) from None
     return policy, tokenizer
 
 
@@ -582,7 +585,9 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
     load_policy, which says why."""
     try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
         mc = plan.model_config(cfg.model if cfg.model == "tiny" else str(resolve_checkpoint(cfg.model)))
-    except Exception:  # a missing or unreadable model, the hub unreachable: load_policy reports it
+    except HubUnreachable as error:  # said at once: load_policy would only ask the hub again
+        raise RunError(describe_load_error(error, f"--model {cfg.model}")) from None
+    except Exception:  # a missing or unreadable model: load_policy reports it
         return
     try:  # a flag the vocabulary rules out is the clearer message than the memory it would take
         cfg.check_vocabulary(mc.vocab_size, cfg.model)

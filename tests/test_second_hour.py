@@ -140,3 +140,44 @@ def test_eval_stops_on_a_signal_and_the_printed_command_resumes_it_to_the_same_r
                              capture_output=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert outcome(out) == whole
+
+
+# ----------------------------------------------------------------------------- a hub id without the hub
+
+
+def test_a_hub_id_without_the_hub_fails_at_once_in_one_line_naming_what_to_pass(tmp_path, shared_data):
+    """The hub's address is a closed local port (nothing touches the network) and its cache an empty folder:
+    huggingface_hub then fails as on a machine without the hub. hf_hub_download (--plan's config.json) retried
+    for 27 s and transformers' AutoTokenizer for 49 s, each retry a line, before their errors; every path must
+    say at once, in one line, what to pass instead of the hub id. HF_HUB_OFFLINE=1 is named as the reason."""
+    bench = shared_data / "eval" / "aime24.jsonl"
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:1", "HF_HOME": str(tmp_path / "hf"),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    commands = {  # argv -> (HF_HUB_OFFLINE, exit status, the line)
+        ("train.py", "--preset", "paper-7b", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "--plan"):
+            ("", 2, "--model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B: deepseek-ai/DeepSeek-R1-Distill-Qwen-7B is a "
+                    "Hugging Face hub id, but the hub did not answer (ConnectError: [Errno 111] Connection refused) "
+                    "and the local cache does not hold it; pass a local checkpoint directory or its config.json"),
+        ("train.py", "--preset", "tiny", "--model", "owner/name", "--out-dir", str(tmp_path / "t")):
+            ("1", 1, "--model owner/name: owner/name is a Hugging Face hub id, but HF_HUB_OFFLINE keeps the hub off "
+                     "and the local cache does not hold it; pass a local checkpoint directory (config.json and "
+                     "*.safetensors), or 'tiny'"),
+        ("eval.py", "--model", "tiny", "--tokenizer", "owner/tok", "--benchmarks", str(bench), "--limit", "1",
+         "--out-dir", str(tmp_path / "k")):
+            ("", 1, "--tokenizer owner/tok: owner/tok is a Hugging Face hub id, but the hub did not answer "
+                    "(ConnectError: [Errno 111] Connection refused) and the local cache does not hold it; pass a "
+                    "local directory holding the tokenizer's files"),
+        ("eval.py", "--model", "tiny", "--benchmarks", "aime24", "--out-dir", str(tmp_path / "a")):
+            ("", 1, "--benchmarks aime24: math-ai/aime24 is a Hugging Face hub id, but the hub did not answer "
+                    "(ConnectError: [Errno 111] Connection refused) and the local cache does not hold it; pass the "
+                    "path of a local .jsonl / .json / .parquet file of its problems"),
+    }
+    running = {argv: subprocess.Popen([sys.executable, *argv], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, env={**env, "HF_HUB_OFFLINE": commands[argv][0]})
+               for argv in commands}
+    for argv, process in running.items():
+        _, stderr = process.communicate(timeout=120)
+        _, status, line = commands[argv]
+        assert (process.returncode, stderr) == (status, f"error: cannot load {line} instead\n")
+    assert not (tmp_path / "t").exists() and not (tmp_path / "k").exists()  # nothing written
