@@ -11,12 +11,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from test_first_hour import error_line, snapshot
 
+import data
 import eval as E
+import neighbors
+import tracking
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,3 +185,80 @@ def test_a_hub_id_without_the_hub_fails_at_once_in_one_line_naming_what_to_pass(
         _, status, line = commands[argv]
         assert (process.returncode, stderr) == (status, f"error: cannot load {line} instead\n")
     assert not (tmp_path / "t").exists() and not (tmp_path / "k").exists()  # nothing written
+
+
+# ----------------------------------------------------------------------------- evaluating what you trained
+
+
+def test_eval_takes_a_training_runs_folder_and_the_built_in_arith_sets(tmp_path, capsys):
+    run = tmp_path / "run"  # validation on a built-in set too: its best step is the first (a random model)
+    train.main([*TINY, "--max-steps", "2", "--save-every", "1", "--out-dir", str(run), "--val-data", "arith:n=4",
+                "--val-n", "2", "--val-every", "1", "--keep-best", "val/arith-n-4/mean@2"])
+    assert json.loads((run / "best" / "best.json").read_text())["step"] == 1
+    evaluate = ["--model", str(run), "--benchmarks", "arith:n=20", "--limit", "3", "--n", "2", "--max-new-tokens",
+                "8", "--out-dir", str(tmp_path / "eval")]
+    capsys.readouterr()
+    E.main(evaluate)
+    assert (f"note: --model {run} is a training run: evaluating its best checkpoint {run / 'best'} (step 1, "
+            "val/arith-n-4/mean@2 0)") in capsys.readouterr().err
+    assert json.loads((tmp_path / "eval" / "settings.json").read_text())["model"] == str(run / "best")
+    held_out = data.load_problems("arith:n=20", split="test", limit=3)  # the test split: never trained on
+    results, samples = outcome(tmp_path / "eval")
+    assert results["arith-n-20"]["problems"] == 3
+    assert {(s["problem_id"], s["reference"]) for s in samples.values()} == {(p["id"], p["answer"]) for p in held_out}
+    shutil.rmtree(run / "best")  # a run that keeps no best checkpoint: its latest
+    args, cfg = E.parse_args(evaluate)
+    assert cfg.model == args.model == str(run / "checkpoints" / "step-2")
+    assert args.model_note == f"note: --model {run} is a training run: evaluating its latest checkpoint {cfg.model}"
+    shutil.rmtree(run / "checkpoints")
+    assert "without an intact checkpoint" in error_line(E.main, evaluate, capsys)
+
+
+def test_evals_estimate_is_within_2x_of_the_time_it_takes(tmp_path, capsys, monkeypatch):
+    """Batches on a clock of their own: the first 5 s (warm-up), then 1 s each, but every seventh 10 s (a row
+    that runs to --max-new-tokens), the second among them: 145 s in all. The old estimate, the second batch's
+    time x 60 batches, said 600 s."""
+    clock = [0.0]
+    seconds = [5.0] + [10.0 if i % 7 == 0 else 1.0 for i in range(59)]
+    monkeypatch.setattr(E, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def generate(prompts, seed, row_keys):
+        clock[0] += seconds.pop(0)
+        return ["\\boxed{1}"] * len(prompts), 3 * len(prompts)
+
+    problems = [{"id": f"p{i}", "prompt_ids": [1, 2], "answer": "1"} for i in range(30)]
+    E.evaluate([("sums", problems, "math")], generate, n=4, out_dir=tmp_path, batch_size=2,
+               score_fn=lambda pairs, kind: [1] * len(pairs))
+    total_s = clock[0]
+    told = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval: ")]
+    assert total_s == 145 and len(told) == 1, told
+    said_s = told[0].split(" to go, ")[1].split(" in all")[0]
+    minutes, _, rest = said_s.partition(" min ")
+    said_s = 60 * int(minutes) + int(rest.removesuffix(" s"))
+    assert total_s / 2 <= said_s <= 2 * total_s, told[0]
+
+
+def test_long_phases_say_how_far_they_are_in_a_log_file(tmp_path, capsys, monkeypatch):
+    """Where stderr is not a terminal (a log, a pipe: capsys here) tqdm draws nothing; the warm start, the
+    neighbor table and the evaluation write a line every LOG_EVERY_S seconds (0 here: every state) and their
+    last state."""
+    monkeypatch.setattr(tracking, "LOG_EVERY_S", 0.0)
+    bar = tracking.progress(total=3, desc="phase", unit="step")
+    for _ in range(3):
+        bar.update()
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("|")[0] for line in lines] == ["phase:   0%", "phase:  33%", "phase:  67%", "phase: 100%"]
+    assert "3/3" in lines[-1] and "\r" not in "".join(lines)
+    train.main([*DEMO, "--max-steps", "1", "--out-dir", str(tmp_path / "run")])
+    assert "warm start: 100%|" in capsys.readouterr().err
+    tables = []
+    monkeypatch.setattr(neighbors, "progress", lambda **kwargs: tables.append(kwargs) or
+                        tracking.progress(**{**kwargs, "delay": 0}))
+    neighbors.build_neighbor_table(torch.randn(300, 8), k=2, chunk_size=100)
+    assert tables[0]["desc"] == "neighbor table" and "neighbor table: 100%|" in capsys.readouterr().err
+    bench = tmp_path / "sums.jsonl"
+    bench.write_text(json.dumps({"problem": "1 + 1?", "answer": "2"}) + "\n")
+    E.main(["--model", "tiny", "--benchmarks", str(bench), "--n", "2", "--batch-size", "1", "--max-new-tokens", "4",
+            "--out-dir", str(tmp_path / "eval")])
+    assert "sums: 100%|" in capsys.readouterr().err
