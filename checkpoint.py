@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 
 import distributed
-from guard import Refused, reason
+from guard import Refused, follow_umask, reason
 from model import save_model
 
 MANIFEST = "manifest.json"
@@ -173,6 +173,7 @@ def save_weights(r, out_dir: Path) -> None:
     state = distributed.gather_state_dict(r.policy, r.world)
     if r.world.is_main:
         save_model(distributed.model_from_state(r.policy, state), out_dir, r.tokenizer)
+        follow_umask(out_dir)  # safetensors writes the weights 0600
 
 
 def save_checkpoint(r, step: int) -> None:
@@ -202,6 +203,7 @@ def save_checkpoint(r, step: int) -> None:
                        tmp / "trainer_state.pt")
             r.cfg.save_json(tmp / "config.json.run")
             write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
+            follow_umask(tmp)  # mkdtemp made it 0700
             os.replace(tmp, root / f"step-{step}")
     except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
         if tmp is not None:

@@ -102,6 +102,27 @@ class StopOnSignals:
             signal.signal(number, previous)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc); elsewhere set and put back."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: Path) -> None:
+    """Gives root and everything under it the modes a plain mkdir or open gives (0777 / 0666 less the umask).
+    tempfile's mkdtemp and mkstemp, through which checkpoints and caches are written to be renamed whole, and
+    safetensors make them private (0700 / 0600): others on a shared machine could not read a model."""
+    mask, root = umask(), Path(root)
+    for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def resume_command(argv: list[str], script: str = "train.py") -> str:
     """The command that continues this run, shell-quoted so that it works when pasted (an empty
     --instruction '', a path with spaces); under torchrun, with its launcher and `--` before the script (eval.py's

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from guard import follow_umask
 from tracking import progress
 
 METRICS = ("cosine", "dot", "l2", "l1")
@@ -117,6 +118,7 @@ def _save_atomically(table: torch.Tensor, path: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(table, f)
+        follow_umask(tmp_path)  # mkstemp made it 0600
         os.replace(tmp_path, path)
     except BaseException:
         os.unlink(tmp_path)

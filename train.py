@@ -474,10 +474,10 @@ def finish(r: Run, metrics_path: Path | None) -> dict:
 # ----------------------------------------------------------------------------- setting a run up
 
 
-def say(world: distributed.World, text: str, file=sys.stdout) -> None:
-    """print, on rank 0 only."""
+def say(world: distributed.World, text: str, file=None) -> None:
+    """print, on rank 0 only (to stdout as it is when called: a caller may have redirected it)."""
     if world.is_main:
-        print(text, file=file, flush=True)
+        print(text, file=file or sys.stdout, flush=True)
 
 
 def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
@@ -665,6 +665,10 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
 
 def start_fresh(r: Run) -> int:
     """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
+    if r.cfg.model == "tiny" and r.cfg.sft_steps == 0:  # else the zeros below look like a broken run
+        say(r.world, "note: --model tiny is a random model and --sft-steps 0 teaches it nothing first: it cannot "
+                     "answer, so its rewards stay 0, every group's advantages are 0 and so is the gradient (gn "
+                     "0.00). Such a run checks the code paths; --preset demo warm-starts it so that RL can learn.")
     if r.cfg.sft_steps > 0:
         # The dev checks decode with the policy itself, or under torchrun with an unsharded copy of it.
         dev_model = (lambda: r.policy) if not r.world.distributed else \

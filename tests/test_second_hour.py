@@ -5,6 +5,7 @@ run's folder and the built-in arith sets; checkpoints follow the umask; --help s
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from test_first_hour import error_line, snapshot
 
 import data
 import eval as E
+import experiments
 import neighbors
 import tracking
 import train
@@ -262,3 +264,57 @@ def test_long_phases_say_how_far_they_are_in_a_log_file(tmp_path, capsys, monkey
     E.main(["--model", "tiny", "--benchmarks", str(bench), "--n", "2", "--batch-size", "1", "--max-new-tokens", "4",
             "--out-dir", str(tmp_path / "eval")])
     assert "sums: 100%|" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- smaller things
+
+
+def test_a_runs_files_follow_the_umask(tmp_path, capsys):
+    """mkdtemp / mkstemp / safetensors made checkpoints 0700 and weights 0600: others on a shared machine could
+    not read a model. Under umask 027 every directory of the run is 0750 and every file 0640."""
+    out = tmp_path / "run"
+    previous = os.umask(0o027)
+    try:
+        train.main([*TINY, "--sft-steps", "1", "--max-steps", "1", "--out-dir", str(out)])
+    finally:
+        os.umask(previous)
+    assert {"warm_start", "checkpoints", "neighbors"} <= {p.name for p in out.iterdir()}
+    modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in [out, *out.rglob("*")]}
+    assert {p: m for p, m in modes.items() if m != (0o750 if (out / p).is_dir() else 0o640)} == {}
+    assert "random model" not in capsys.readouterr().out  # a warm-started tiny model can answer
+
+
+def test_the_tiny_preset_says_why_its_reward_is_zero(tmp_path, capsys):
+    train.main([*TINY, "--max-steps", "1", "--out-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("note: --model tiny is a random model") and "rewards stay 0" in out[1]
+    assert out[2].startswith("step 1 | reward 0.000")
+
+
+@pytest.mark.parametrize("argv", [[], ["--preset", "tiny"], ["--preset", "grpo-7b", "--lr", "3e-6"]],
+                         ids=["no-preset", "tiny", "grpo-7b"])
+def test_help_shows_the_values_a_run_uses(capsys, monkeypatch, argv):
+    """Each flag's default in --help is the value `--print-config` resolves for the same command line."""
+    monkeypatch.setenv("COLUMNS", "2000")  # no wrapping inside a value
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--print-config"])
+    resolved = json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--help"])
+    text = capsys.readouterr().out
+    options = [b.split("\n\n")[0] for b in re.split(r"\n  (?=--)", text)]  # one block per option
+    for name, value in resolved.items():
+        if name in ("preset", "lr"):  # --preset's own; a flag given shows the starting point's default
+            continue
+        flag = "--" + name.replace("_", "-")
+        (block,) = [b for b in options if re.match(rf"{flag}\b(?!-)", b)]
+        shown = re.search(r"\(default: (.*?)\)\s*$", " ".join(block.split())).group(1)
+        assert shown == repr(value), (flag, shown, value)
+
+
+def test_a_dry_run_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    experiments.main([str(ROOT / "sweeps" / "demo-tiny.json"), "--out-dir", str(out), "--dry-run"])
+    printed = capsys.readouterr().out
+    assert printed.count("train.py --preset demo") == 4 and "arith-n-200-max-count-5.jsonl" in printed
+    assert not out.exists()
