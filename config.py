@@ -192,14 +192,18 @@ class Config:
     sft_eval_every: int = option(25, "with --sft-target-accuracy: warm-start steps between two dev checks")
 
     # --- the run
+    preset: str = option("", "the --preset the run started from (set by --preset, recorded in config.json; not a "
+                         "flag of its own)")
     seed: int = option(0, "seed of data order, rollouts and initialisation")
     max_steps: int = option(0, "training steps to run (0 = one pass over the data)")
     out_dir: str = option("runs/ngrpo", "directory for config.json, metrics.jsonl, checkpoints and summary.json")
     save_every: int = option(50, "write a checkpoint every N steps (0 = only at the end)")
     keep_last: int = option(2, "checkpoints kept on disk (older ones are deleted)")
     resume: bool = option(False, "continue exactly from the latest complete checkpoint in --out-dir")
-    overwrite: bool = option(False, "start a new run in an --out-dir that holds checkpoints of an earlier one, "
-                                    "deleting them (without it such a run stops at once; ignored with --resume)")
+    overwrite: bool = option(False, "start a new run in an --out-dir that holds an earlier run, deleting all of it "
+                                    "(checkpoints, metrics, completions, warm start, ...; without it such a run stops "
+                                    "at once, except that the tiny and demo presets replace their own earlier output; "
+                                    "ignored with --resume)")
     allow_config_change: bool = option(False, "with --resume: continue even though settings other than how the "
                                        "run is driven (steps, saving, logging, device) differ from the checkpoint's")
     log_completions_every: int = option(10, "print two sample completions every N steps and append them to "
@@ -417,7 +421,7 @@ def idle_flags(cfg: "Config", given) -> None:
 
 
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.
-RUN_CONTROL_FIELDS = ("max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
+RUN_CONTROL_FIELDS = ("preset", "max_steps", "out_dir", "save_every", "keep_last", "resume", "overwrite",
                       "allow_config_change", "log_completions_every", "eval_every", "device", "val_every",
                       "val_before_train", "report_to", "dist_timeout_s", "reward_timeout_s",
                       "reward_fail_steps")
@@ -458,7 +462,7 @@ PRESETS: dict[str, dict] = {
     "negative-grpo": dict(_ROWS_1P5B, model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
                           filter_groups="all_correct", kl_coef=0.0),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
-    "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4, overwrite=True),
+    "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4),
     # The offline demo: the random tiny model learns the answer format, copying the counts and part of the
     # arithmetic from worked solutions until it answers 60% of 100 dev problems greedily at two checks in a row,
     # two steps apart (a competence target, not a step count: the same starting skill on any CPU; at lr 3e-3
@@ -469,7 +473,7 @@ PRESETS: dict[str, dict] = {
     # Rollouts at temperature 0.7: at 1.0 the tiny model's samples carry stray tokens, so a group's rewards
     # say more about its sampling noise than about the errors of its greedy answer, and slow seeds gained
     # half as much (BENCHMARKS.md, "The demo, fourth recipe").
-    "demo": dict(_SMALL, out_dir="runs/demo", overwrite=True, data="arith:max_count=5", instruction="",
+    "demo": dict(_SMALL, out_dir="runs/demo", data="arith:max_count=5", instruction="",
                  temperature=0.7,
                  sft_steps=600, sft_lr=3e-3, sft_target_accuracy=0.6, sft_eval_every=2, group_size=4,
                  prompts_per_step=32, mini_batch_prompts=32, micro_batch_size=128, max_steps=120,
@@ -480,14 +484,20 @@ PRESETS: dict[str, dict] = {
 def preset(name: str) -> Config:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    return Config(**PRESETS[name])
+    return Config(**PRESETS[name], preset=name)
+
+
+# Presets whose runs are quick to make again: a new run of one replaces that same preset's earlier output in its
+# --out-dir without --overwrite. Any other run there (another preset's, or one from before presets were
+# recorded) is kept unless the command line says --overwrite.
+REPLACES_ITS_OWN_OUTPUT = ("tiny", "demo")
 
 
 # First field of each section of --help -> the section's title.
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
             "explore": "exploration (docs/algorithm.md)", "grader": "reward",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
-            "sft_steps": "supervised warm start", "seed": "the run", "val_data": "validation during training"}
+            "sft_steps": "supervised warm start", "preset": "the run", "val_data": "validation during training"}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None,
@@ -501,7 +511,7 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict
     for f in fields(Config):
         if f.name in SECTIONS:
             group = parser.add_argument_group(helps.get(SECTIONS[f.name], SECTIONS[f.name]))
-        if names is not None and f.name not in names:
+        if (names is not None and f.name not in names) or f.name == "preset":  # preset: --preset's own
             continue
         flag = "--" + f.name.replace("_", "-")
         default = defaults.get(f.name, f.default)
@@ -515,12 +525,34 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict
                                metavar=f.name.upper() if not f.metadata["choices"] else None, help=help_text)
 
 
-def build_parser(description: str) -> argparse.ArgumentParser:
-    """`--preset`, `--config`, `--print-config` and one flag per Config field."""
+def starting_point(argv: list[str]) -> tuple[str, Config]:
+    """(what it is, the Config) a run of argv starts from: its --config or --preset, else paper-1.5b. --help
+    shows this Config's values as the defaults, the values a run of these flags uses; a starting point that does
+    not load shows paper-1.5b's (the full parse then says what is wrong with it)."""
+    given = {}
+    for index, token in enumerate(argv):
+        name, equals, value = token.partition("=")
+        if name in ("--preset", "--config") and (equals or index + 1 < len(argv)):
+            given[name] = value if equals else argv[index + 1]
+    try:
+        if "--config" in given:
+            return f"--config {given['--config']}", Config.load_json(given["--config"])
+        if "--preset" in given:
+            return f"--preset {given['--preset']}", preset(given["--preset"])
+    except (ValueError, OSError):
+        pass
+    return "--preset paper-1.5b, what a run without --preset or --config uses", preset("paper-1.5b")
+
+
+def build_parser(description: str, argv: list[str] = ()) -> argparse.ArgumentParser:
+    """`--preset`, `--config`, `--print-config` and one flag per Config field, each showing as its default
+    the value a run of `argv` uses (see starting_point)."""
+    label, base = starting_point(list(argv))
     presets = "\n".join(f"  {name}: {', '.join(f'{k}={v}' for k, v in overrides.items())}"
                         for name, overrides in PRESETS.items())
     parser = argparse.ArgumentParser(
-        description=description, usage="%(prog)s [--preset NAME | --config JSON] [--FLAG VALUE ...]",
+        description=f"{description}\n\nDefaults shown: {label}.",
+        usage="%(prog)s [--preset NAME | --config JSON] [--FLAG VALUE ...]",
         epilog="presets (a flag given on the command line overrides its preset):\n" + presets,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=list(PRESETS),
@@ -536,7 +568,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--plan-gpu-gb", type=float, default=None, metavar="G",
                         help="--plan: memory of each GPU in GiB (default: the visible GPU's, else 80; with "
                              "--device cpu the machine's RAM)")
-    add_config_flags(parser)
+    add_config_flags(parser, defaults=asdict(base))
     return parser
 
 
@@ -557,7 +589,7 @@ def typed_values(argv: list[str]) -> dict[str, str]:
 
 
 def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
-    parser = build_parser(description)
+    parser = build_parser(description, sys.argv[1:] if argv is None else argv)
     args = vars(parser.parse_args(argv))
     config_path, preset_name, show = args.pop("config"), args.pop("preset"), args.pop("print_config")
     plan_args = args.pop("plan"), args.pop("plan_gpus"), args.pop("plan_gpu_gb")

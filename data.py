@@ -32,6 +32,33 @@ class DataError(ValueError):
     """A problem set that cannot be used; the message names the file and line."""
 
 
+class HubUnreachable(DataError):
+    """A hub id whose files are neither reachable (no network, HF_HUB_OFFLINE) nor in the local cache; the
+    message says what to pass instead."""
+
+
+def hub_snapshot(repo_id: str, *, allow_patterns: list[str], instead: str, repo_type: str = "model") -> Path:
+    """The files of a hub repository matching allow_patterns, downloaded or found in the local cache, in one
+    attempt. snapshot_download asks the hub once and falls back to the cache (hf_hub_download and transformers
+    retry an unreachable hub for 27-50 s first); a hub that does not answer, with nothing cached, is one
+    HubUnreachable line ending in `instead`, what to pass in its place."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type=repo_type, allow_patterns=allow_patterns))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as error:
+        cause = error.__cause__ or error.__context__
+        if isinstance(error, OfflineModeIsEnabled) or isinstance(cause, OfflineModeIsEnabled):
+            why = "HF_HUB_OFFLINE keeps the hub off"
+        else:  # the library's message starts "Got: ConnectError: ..." when the network failed
+            first = str(cause or error).strip().splitlines()[0] if str(cause or error).strip() else ""
+            reason = f"{type(cause).__name__}: {first}" if cause is not None else first.removeprefix("Got: ")
+            why = f"the hub did not answer ({reason})" if reason else "the hub did not answer"
+        raise HubUnreachable(f"{repo_id} is a Hugging Face hub id, but {why} and the local cache does not hold "
+                             f"it; pass {instead} instead") from None
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -94,6 +121,9 @@ def load_tokenizer(name_or_path: str):
         return tiny_tokenizer()
     import transformers
 
+    if not Path(name_or_path).expanduser().exists() and name_or_path.count("/") == 1:  # a hub id: fetched once
+        name_or_path = str(hub_snapshot(name_or_path, allow_patterns=["*.json", "*.txt", "*.model", "*.jinja"],
+                                        instead="a local directory holding the tokenizer's files"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
     decoded = round_trip(tokenizer)
     if decoded == ROUND_TRIP_PROBE:
@@ -187,9 +217,8 @@ def load_problems(source: str, *, split: str = "train", limit: int | None = None
 
 def download_dataset(repo_id: str) -> Path:
     """The data files of a hub dataset repository, downloaded (or found in the local HF cache)."""
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(repo_id, repo_type="dataset", allow_patterns=[f"*{s}" for s in DATA_SUFFIXES]))
+    return hub_snapshot(repo_id, repo_type="dataset", allow_patterns=[f"*{s}" for s in DATA_SUFFIXES],
+                        instead="the path of a local .jsonl / .json / .parquet file of its problems")
 
 
 def _split_files(root: Path, split: str, source: str) -> list[Path]:
@@ -446,6 +475,8 @@ class PromptBatcher:
 def describe_load_error(error: Exception, flag: str) -> str:
     """A loading failure as one line that names the flag it came from, with what to do when it needed the
     network (these machines may not reach the Hugging Face hub)."""
+    if isinstance(error, HubUnreachable):  # says itself what to pass instead
+        return f"cannot load {flag}: {error}"
     text = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error).strip() else type(error).__name__
     if isinstance(error, (DataError, FileNotFoundError)) and str(error).strip():
         text = str(error).splitlines()[0]

@@ -3,6 +3,7 @@
     python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500
     python eval.py --model tiny --benchmarks ../shared/data/eval/math500.jsonl --limit 6 --n 4 --max-new-tokens 16
     torchrun --nproc-per-node 8 -- eval.py --model runs/ngrpo/checkpoints/step-500 --batch-size 64
+    python eval.py --model runs/demo --benchmarks arith:max_count=5 --instruction ''   # the demo's run, held out
 
 Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
 evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
@@ -11,7 +12,8 @@ draws depend only on (--seed, benchmark, problem, sample number), not on its bat
 not change with --batch-size, the number of processes under torchrun, or where a `--resume` picked up (on
 a GPU, bf16 kernels may round a row's logits differently in another batch shape, which can flip a token
 where two are nearly tied). Each finished batch is appended to samples.jsonl at once, so `--resume` after
-an interruption ends with the same results as one whole run.
+an interruption ends with the same results as one whole run; Ctrl-C or SIGTERM stops after the batch in
+flight and prints that `--resume` command.
 """
 
 import argparse
@@ -19,9 +21,12 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
+import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,9 +35,12 @@ import config
 import data
 import reward
 from estimators import PASS_KS, intervals, pass_at_k
-from runtime import distributed, guard
+from runtime import distributed, guard, tracking
+from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.distributed import World
 
+# What marks a training run's --out-dir given as eval.py --model (checkpoint_of_run).
+RUN_MARKS = ("checkpoints", "best", "metrics.jsonl")
 # Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
 HUB_BENCHMARKS = {
     "aime24": ("math-ai/aime24", "test"),
@@ -41,9 +49,14 @@ HUB_BENCHMARKS = {
     "math500": ("HuggingFaceH4/MATH-500", "test"),
 }
 def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
-    """(name, problems, kind) for a benchmark name or a local file; kind is "choice" for GPQA, else "math"."""
+    """(name, problems, kind) for a benchmark name, a local file or a built-in set; kind is "choice" for GPQA,
+    else "math". A built-in set (`arith`, `arith:max_count=5`, the demo's) is its test split, which never
+    shares a problem with the training split; it is named as experiments.py names it (arith-max-count-5)."""
     path = Path(spec).expanduser()
-    if path.suffix in data.DATA_SUFFIXES or path.exists():
+    if spec == "arith" or spec.startswith("arith:"):
+        name = re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-").lower()
+        problems = data.load_problems(spec, split="test", limit=limit)
+    elif path.suffix in data.DATA_SUFFIXES or path.exists():
         name, problems = path.stem, data.load_problems(str(path), limit=limit)
     elif spec in HUB_BENCHMARKS:
         repo, split = HUB_BENCHMARKS[spec]
@@ -52,8 +65,8 @@ def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
         raise data.DataError("gpqa_diamond is gated on the hub: pass the path of a local copy "
                              "(e.g. ../shared/data/eval/gpqa_diamond.jsonl)")
     else:
-        raise data.DataError(f"unknown benchmark {spec!r}: use one of {', '.join(HUB_BENCHMARKS)} "
-                             "or a .jsonl/.json path")
+        raise data.DataError(f"unknown benchmark {spec!r}: use one of {', '.join(HUB_BENCHMARKS)}, a .jsonl/.json "
+                             "path, or the built-in arith (arith:max_count=5, the demo's)")
     return name, problems, "choice" if "gpqa" in name.lower() else "math"
 
 
@@ -78,9 +91,12 @@ def render_prompts(benchmarks, tokenizer, instruction: str) -> list[tuple[str, l
 
 def training_instruction_warning(model: str, instruction: str) -> str | None:
     """A warning when --model is a checkpoint of train.py (its training config, config.json.run, beside the
-    weights) whose math prompts had another instruction than this evaluation's. The evaluation keeps its
-    own --instruction: the same flags give the same prompts to every model of a comparison."""
+    weights; for a run's OUT/best, the run's config.json) whose math prompts had another instruction than this
+    evaluation's. The evaluation keeps its own --instruction: the same flags give the same prompts to every
+    model of a comparison."""
     run_config = Path(model).expanduser() / "config.json.run"
+    if run_config.parent.name == "best" and not run_config.exists():
+        run_config = run_config.parent.parent / "config.json"
     try:
         trained = json.loads(run_config.read_text()).get("instruction", data.MATH_INSTRUCTION)
     except (OSError, ValueError, AttributeError):  # no training config (a hub id, 'tiny'), or not one we read
@@ -130,7 +146,8 @@ def sample_key(problem_index: int, sample: int) -> int:
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
-             score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None) -> dict:
+             score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None,
+             stop: guard.StopOnSignals | None = None) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed, row_keys) ->
     (texts, tokens)` in batches sorted by prompt length (seed: benchmark_seed; row_keys: each sample's
     sample_key), scores them with `score_fn(pairs, kind) -> [0/1]`, writes samples.jsonl and results.json
@@ -138,40 +155,40 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
 
     Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
     each round's samples, writes them in batch order and alone writes the files. A sample's draws depend
-    on its seed and key only, so the results depend on neither the world size nor the batch size."""
-    from tqdm import tqdm
+    on its seed and key only, so the results depend on neither the world size nor the batch size.
 
+    With `stop` (every rank passes one), a signal it caught ends the evaluation after the round in flight, on
+    every rank alike: KeyboardInterrupt(samples in samples.jsonl, the signal's number)."""
     out_dir = Path(out_dir)
     samples_path = out_dir / "samples.jsonl"
     done = finished_samples(samples_path, resume) if world.is_main else None
     done = distributed.broadcast_object(done, world)
     results = {}
-    total_rounds = sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks)
-    generated = 0 if progress and world.is_main else -1  # batches generated; the estimate is told at the second
+    pace = Pace(rounds=sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks),
+                samples=sum(len(problems) for _, problems, _ in benchmarks) * n, told=not (progress and world.is_main))
     # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is closed
     with open(samples_path, "ab", buffering=0) if world.is_main else contextlib.nullcontext() as samples_file:
         for name, problems, kind in benchmarks:
             items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
             batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
             rounds = range(0, len(batches), world.size)
-            bar = tqdm(rounds, desc=name, unit="batch", disable=None if progress and world.is_main else True,
-                       file=sys.stderr)  # None: no bar when stderr is a file, where it would run into the lines
+            bar = tracking.progress(rounds, desc=name, unit="batch", disable=not (progress and world.is_main))
             for first in bar:
-                mine = [], 0
+                mine, start = ([], 0), time.perf_counter()
                 if first + world.rank < len(batches):
-                    start = time.perf_counter()
-                    index = first + world.rank
-                    mine = run_batch(name, problems, kind, batches[index], done, generate_fn, score_fn,
+                    mine = run_batch(name, problems, kind, batches[first + world.rank], done, generate_fn, score_fn,
                                      benchmark_seed(seed, name))
-                    bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}")
-                    generated += generated >= 0 and mine[1] > 0
-                    if generated == 2:  # the first one includes warm-up
-                        tell_estimate(time.perf_counter() - start, total_rounds, n, benchmarks)
+                    # refresh=False: the bar draws it with its next count (a redraw now would show a stale one)
+                    bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}", refresh=False)
+                pace.batch_done(time.perf_counter() - start, generated=mine[1] > 0)
                 this_round = min(world.size, len(batches) - first)
                 records = [r for records, _ in distributed.gather_dealt([mine], this_round, world) for r in records]
                 done.update({(name, record["problem_id"], record["sample"]): record for record in records})
                 if world.is_main:
                     append_samples(samples_file, records)
+                caught = stop and distributed.max_across({"signal": float(stop.signal_number)}, world)["signal"]
+                if caught:  # every rank stops after the same round, whichever got the signal
+                    raise KeyboardInterrupt(len(done), int(caught))
             correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
             results[name] = summarize(correct, n)
     math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
@@ -184,15 +201,47 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     return results
 
 
-def tell_estimate(batch_s: float, total_rounds: int, n: int, benchmarks) -> None:
-    """Says how long the whole evaluation will take at one batch's pace, when that is a minute or more (a
-    --n of 100,000 would otherwise run for hours without a word)."""
-    total_s = batch_s * total_rounds
-    if total_s >= 60:
-        problems = sum(len(p) for _, p, _ in benchmarks)
-        print(f"eval: {problems} problems x --n {n} = {problems * n} samples in {total_rounds} batches; at "
-              f"{batch_s:.2f} s a batch, about {total_s / 3600:.1f} h in all (lower --n or --limit to shorten it)",
-              file=sys.stderr, flush=True)
+@dataclass
+class Pace:
+    """How long the whole evaluation will take, told once (a --n of 100,000 would otherwise run for hours without
+    a word), when that is a minute or more: at the mean pace of the batches after the first (its warm-up is not
+    the pace), once 3 of them and 20 s or a tenth of the batches have run. One batch is no pace: a row that runs
+    to --max-new-tokens makes its batch many times as long as the others."""
+
+    rounds: int  # this rank's batches of the whole evaluation
+    samples: int
+    told: bool  # or not to be told (another rank, a validation)
+    start_s: float = field(default_factory=lambda: time.perf_counter())
+    done: int = 0
+    timed: int = 0
+    timed_s: float = 0.0
+    warmed_up: bool = False
+
+    def batch_done(self, seconds: float, *, generated: bool) -> None:
+        self.done += 1
+        if not generated:  # a batch --resume had already done, or another rank's last round
+            return
+        if not self.warmed_up:
+            self.warmed_up = True
+            return
+        self.timed, self.timed_s = self.timed + 1, self.timed_s + seconds
+        if self.told or self.timed < 3 or (self.timed_s < 20 and self.timed < self.rounds / 10):
+            return
+        self.told = True
+        elapsed_s = time.perf_counter() - self.start_s
+        left_s = self.timed_s / self.timed * (self.rounds - self.done)
+        if elapsed_s + left_s >= 60:
+            print(f"eval: {self.samples} samples in {self.rounds} batches, {self.done} done in {duration(elapsed_s)}; "
+                  f"at {self.timed_s / self.timed:.2f} s a batch about {duration(left_s)} to go, "
+                  f"{duration(elapsed_s + left_s)} in all (lower --n or --limit to shorten it)",
+                  file=sys.stderr, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """74 -> '1 min 14 s', 7200 -> '2.0 h'."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def append_samples(samples_file, records: list[dict]) -> None:
@@ -281,7 +330,8 @@ EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
 EVAL_HELP = {
     "model": "the model to evaluate (required): a Hugging Face directory such as a run's "
-             "runs/ngrpo/checkpoints/step-N, a hub id, or 'tiny' (random, offline)",
+             "runs/ngrpo/checkpoints/step-N, a training run's --out-dir (its best checkpoint, else its latest), a "
+             "hub id, or 'tiny' (random, offline)",
     "rollouts": "sampling (the paper's evaluation protocol by default)",
     "temperature": "sampling temperature (0 = greedy)",
     "top_p": "nucleus sampling threshold (1 = off)",
@@ -311,8 +361,9 @@ UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmarks", default="aime24,aime25,amc23,math500",
-                        help="comma-separated names (aime24, aime25, amc23, math500 from the hub) or local "
-                             ".jsonl/.json paths; a file named *gpqa* is scored as multiple choice "
+                        help="comma-separated names (aime24, aime25, amc23, math500 from the hub), local "
+                             ".jsonl/.json paths, or the built-in arith sets' test split (arith, arith:max_count=5 "
+                             "as the demo trains); a file named *gpqa* is scored as multiple choice "
                              "(default: %(default)s)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark "
                         "(default: all)")
@@ -343,11 +394,35 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
     if problems:
         parser.error("; ".join(problems))
     try:
+        shared["model"], args.model_note = checkpoint_of_run(shared["model"])
+        args.model = shared["model"]  # settings.json records the checkpoint: a --resume after a newer one differs
         cfg = config.Config(**shared)
         config.idle_flags(cfg, [name for name in EVAL_FIELDS if hasattr(args, name)])
     except config.ConfigError as error:
         parser.error(error.describe(typed))
+    except data.DataError as error:  # a run's folder without a checkpoint
+        parser.error(str(error))
     return args, cfg
+
+
+def checkpoint_of_run(model: str) -> tuple[str, str | None]:
+    """(--model as eval.py loads it, a note or None). A training run's --out-dir (a folder with RUN_MARKS and no
+    weights of its own) stands for its best checkpoint (OUT/best, kept by --keep-best), else its newest intact
+    one; the note says which."""
+    path = Path(model).expanduser()
+    if not path.is_dir() or any(path.glob("*.safetensors")) or not any((path / m).exists() for m in RUN_MARKS):
+        return model, None
+    best = path / "best" / "best.json"
+    if best.is_file():
+        record = json.loads(best.read_text())
+        return str(path / "best"), (f"note: --model {model} is a training run: evaluating its best checkpoint "
+                                    f"{path / 'best'} (step {record['step']}, {record['metric']} "
+                                    f"{record['value']:.4g})")
+    found, skipped = newest_intact(checkpoint_dirs(path))
+    if found is None:
+        raise data.DataError(f"--model {model} is a training run's folder without an intact checkpoint"
+                             f"{' (' + '; '.join(skipped) + ')' if skipped else ''}; pass a checkpoint directory")
+    return str(found), f"note: --model {model} is a training run: evaluating its latest checkpoint {found}"
 
 
 def settings_of(args: argparse.Namespace, cfg: config.Config) -> dict:
@@ -387,6 +462,11 @@ def main(argv=None) -> dict:
             results = run(args, cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return results
+    except KeyboardInterrupt as interrupt:  # (samples kept, signal) when evaluate stopped after a batch
+        if world.is_main:  # rank 0 says it once
+            print(interrupted(interrupt, Path(cfg.out_dir), list(sys.argv[1:] if argv is None else argv)),
+                  file=sys.stderr)
+        raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else signal.SIGINT)) from None
     except guard.Refused as error:  # another evaluation holds --out-dir, or the OS refused a write
         sys.exit(f"error: {error}")
     except OSError as error:
@@ -395,6 +475,19 @@ def main(argv=None) -> dict:
         sys.exit(f"error: cannot write {error.filename or cfg.out_dir}: {guard.reason(error, Path(cfg.out_dir))}")
     finally:
         distributed.close_world(world)
+
+
+def interrupted(interrupt: KeyboardInterrupt, out_dir: Path, argv: list[str]) -> str:
+    """What an interrupted evaluation says: the samples kept and the command that continues it. A second
+    Ctrl-C (a KeyboardInterrupt with no args) drops the batch in flight; the samples written before it stay."""
+    samples = out_dir / "samples.jsonl"
+    kept = interrupt.args[0] if interrupt.args else \
+        (len(samples.read_text().splitlines()) if samples.is_file() else 0)
+    if not kept:
+        return "interrupted before the first sample was written; nothing to resume"
+    dropped = "" if interrupt.args else " (the batch in flight is dropped)"
+    return (f"interrupted: {kept} samples kept in {samples}{dropped}; continue with: "
+            f"{guard.resume_command(argv, 'eval.py')}")
 
 
 def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
@@ -408,6 +501,8 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
                                  timeout_s=cfg.reward_timeout_s)
         settings = settings_of(args, cfg)
         if world.is_main:
+            if args.model_note:
+                print(args.model_note, file=sys.stderr)
             claim_out_dir(out_dir, settings, resume=cfg.resume, overwrite=cfg.overwrite)
             warning = training_instruction_warning(cfg.model, cfg.instruction)
             if warning:
@@ -415,11 +510,13 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         distributed.barrier(world)
         benchmarks = load_benchmarks(args.benchmarks, args.limit, flag="--benchmarks")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        flag = f"--model {cfg.model}"
         try:
             model = load_model(cfg.model, dtype=dtype, device=device).eval()
+            flag = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else flag
             tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
         except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
-            raise data.DataError(data.describe_load_error(error, f"--model {cfg.model}")) from None
+            raise data.DataError(data.describe_load_error(error, flag)) from None
         cfg.check_vocabulary(model.cfg.vocab_size, cfg.model)
         exploration = exploration_from_config(cfg, tokenizer)
     except (data.DataError, ValueError) as error:
@@ -445,10 +542,10 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     generate_fn = sampler_fn(model, tokenizer, sampling, exploration, table, progress=world.is_main)
     scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed}
-    with pool:
+    with pool, guard.StopOnSignals("this batch (every finished sample is kept)") as stop:
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
                            seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by,
-                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind))
+                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind), stop=stop)
         failed = distributed.sum_across({"errors": pool.errors, "timeouts": pool.timeouts}, world)
     if world.is_main:
         if failed["errors"] or failed["timeouts"]:

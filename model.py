@@ -662,10 +662,10 @@ def resolve_checkpoint(name_or_path: str) -> Path:
         return path
     if path.exists() or name_or_path.count("/") != 1:
         raise FileNotFoundError(f"{name_or_path!r} is neither a checkpoint directory nor a hub id (owner/name)")
-    from huggingface_hub import snapshot_download
+    from data import hub_snapshot
 
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer*"]
-    return Path(snapshot_download(name_or_path, allow_patterns=patterns))
+    return hub_snapshot(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer*"],
+                        instead="a local checkpoint directory (config.json and *.safetensors), or 'tiny'")
 
 
 def _checkpoint_files(path: Path) -> list[Path]:

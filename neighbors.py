@@ -23,12 +23,13 @@ unchanged matrix (a resumed run, a frozen lm_head, another run on the same model
 import ctypes
 import hashlib
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from runtime.guard import follow_umask
+from runtime.tracking import progress
 
 METRICS = ("cosine", "dot", "l2", "l1")
 CHUNK_BYTES = 256 * 2**20  # fp32 scores held per chunk: bounds the working set on CPU and GPU alike
@@ -75,10 +76,10 @@ def _search(weight: torch.Tensor, k: int, metric: str, chunk_size: int | None) -
         # highest 2 q.u - ||u||^2 gives the same order and avoids cancelling against ||q||^2.
         sq_norms = keys.square().sum(dim=1)  # [V]
     table = torch.empty(vocab_size, k, dtype=torch.long, device=keys.device)
-    # A bar with an ETA (stderr, on a terminal) once the search has run 3 s: the 1.5B vocabulary takes ~11
-    # minutes on 2 CPU cores. On a GPU the loop only queues kernels, so the bar fills at once.
-    bar = tqdm(total=vocab_size, desc="neighbor table", unit="row", unit_scale=True, delay=3, leave=False,
-               file=sys.stderr, disable=None)
+    # Progress with an ETA (stderr: a bar on a terminal, a line every 15 s in a log) once the search has run 3 s:
+    # the 1.5B vocabulary takes ~11 minutes on 2 CPU cores. On a GPU the loop only queues kernels, so the bar
+    # fills at once.
+    bar = progress(total=vocab_size, desc="neighbor table", unit="row", unit_scale=True, delay=3, leave=False)
     for start in range(0, vocab_size, chunk_size):
         queries = keys[start:start + chunk_size]  # [c, d]
         if metric == "cosine":
@@ -117,6 +118,7 @@ def _save_atomically(table: torch.Tensor, path: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(table, f)
+        follow_umask(tmp_path)  # mkstemp made it 0600
         os.replace(tmp_path, path)
     except BaseException:
         os.unlink(tmp_path)

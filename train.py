@@ -25,9 +25,10 @@ import torch
 from tqdm import tqdm
 
 import eval as evaluation
-from config import RUN_CONTROL_FIELDS, Config, parse_config
+from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config, parse_config
 from data import (
     DataError,
+    HubUnreachable,
     PromptBatcher,
     describe_load_error,
     load_problems,
@@ -42,7 +43,15 @@ from research.analysis import group_diversity, mixture_closeness
 from reward import RewardPool, extract_answer
 from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate, release_decoder
 from runtime import distributed, plan
-from runtime.checkpoint import checkpoint_dirs, newest_intact, save_checkpoint, save_weights, trim_metrics
+from runtime.checkpoint import (
+    checkpoint_dirs,
+    clear_run,
+    newest_intact,
+    run_outputs,
+    save_checkpoint,
+    save_weights,
+    trim_metrics,
+)
 from runtime.guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from runtime.tracking import Tracker
 from runtime.warmstart import held_out_accuracy, warm_start
@@ -466,25 +475,30 @@ def finish(r: Run, metrics_path: Path | None) -> dict:
 # ----------------------------------------------------------------------------- setting a run up
 
 
-def say(world: distributed.World, text: str, file=sys.stdout) -> None:
-    """print, on rank 0 only."""
+def say(world: distributed.World, text: str, file=None) -> None:
+    """print, on rank 0 only (to stdout as it is when called: a caller may have redirected it)."""
     if world.is_main:
-        print(text, file=file, flush=True)
+        print(text, file=file or sys.stdout, flush=True)
 
 
 def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
-    holding another run's checkpoints unless --resume (continue it) or --overwrite (start over there); a
-    --resume continues from the newest intact checkpoint (newer damaged ones are set aside), and one whose
-    settings differ from that checkpoint's in anything but how the run is driven (RUN_CONTROL_FIELDS) is
-    refused unless --allow-config-change."""
+    holding another run unless --resume (continue it) or --overwrite (start over there; setup then deletes the
+    earlier run), or unless it is the earlier output of this run's own preset where that preset replaces its own
+    (REPLACES_ITS_OWN_OUTPUT); a --resume continues from the newest intact checkpoint (newer damaged ones are set
+    aside), and one whose settings differ from that checkpoint's in anything but how the run is driven
+    (RUN_CONTROL_FIELDS) is refused unless --allow-config-change."""
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
-    checkpoints = checkpoint_dirs(out_dir)
-    if checkpoints and not cfg.resume and not cfg.overwrite:
-        raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
-                       "--resume to continue it, --overwrite to start over there (deleting them), or another --out-dir")
+    checkpoints, earlier = checkpoint_dirs(out_dir), run_outputs(out_dir)
+    if earlier and not cfg.resume and not cfg.overwrite and not own_output(cfg, out_dir):
+        if checkpoints:
+            raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
+                           "--resume to continue it, --overwrite to start over there (deleting that run), or another "
+                           "--out-dir")
+        raise RunError(f"{out_dir} holds an earlier run ({', '.join(earlier)}; no checkpoint to resume); pass "
+                       "--overwrite to start over there (deleting it), or another --out-dir")
     if not checkpoints or not cfg.resume:
         return out_dir, None
     latest = intact_checkpoint(out_dir, checkpoints)
@@ -503,6 +517,16 @@ def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     return out_dir, latest
 
 
+def own_output(cfg: Config, out_dir: Path) -> bool:
+    """Whether out_dir's earlier run was made by this run's preset, one that replaces its own output."""
+    if cfg.preset not in REPLACES_ITS_OWN_OUTPUT:
+        return False
+    try:
+        return json.loads((out_dir / "config.json").read_text()).get("preset") == cfg.preset
+    except (OSError, ValueError, AttributeError):  # no config.json, or not one of ours: not the preset's
+        return False
+
+
 def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
     """The newest checkpoint whose files are those written (runtime/checkpoint.py); each newer damaged one is named
     with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
@@ -519,14 +543,16 @@ def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
 
 def load_policy(cfg: Config, device: torch.device, *, seed: int):
     """The fp32 model to train (the random tiny preset, or a checkpoint) and its tokenizer."""
+    flag = f"--model {cfg.model}"
     try:
         if cfg.model == "tiny":
             policy = random_model(TINY_CONFIG, dtype=torch.float32, device=device, seed=seed)
         else:
             policy = load_model(cfg.model, dtype=torch.float32, device=device)
+        flag = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else flag
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
-        raise RunError(describe_load_error(error, f"--model {cfg.model}")) from None
+        raise RunError(describe_load_error(error, flag)) from None
     return policy, tokenizer
 
 
@@ -560,7 +586,9 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
     load_policy, which says why."""
     try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
         mc = plan.model_config(cfg.model if cfg.model == "tiny" else str(resolve_checkpoint(cfg.model)))
-    except Exception:  # a missing or unreadable model, the hub unreachable: load_policy reports it
+    except HubUnreachable as error:  # said at once: load_policy would only ask the hub again
+        raise RunError(describe_load_error(error, f"--model {cfg.model}")) from None
+    except Exception:  # a missing or unreadable model: load_policy reports it
         return
     try:  # a flag the vocabulary rules out is the clearer message than the memory it would take
         cfg.check_vocabulary(mc.vocab_size, cfg.model)
@@ -612,8 +640,10 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         if cfg.resume and not checkpoint_dirs(out_dir):
             print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning",
                   file=sys.stderr)
-        if cfg.overwrite and not cfg.resume and checkpoint_dirs(out_dir):
-            shutil.rmtree(out_dir / "checkpoints")  # a later --resume must never pick up the other run's
+        if not cfg.resume and run_outputs(out_dir):  # claim_out_dir allowed it: --overwrite, or the preset's own
+            removed = clear_run(out_dir)  # all of it: a later --resume must never pick up the other run's
+            why = "--overwrite" if cfg.overwrite else f"the {cfg.preset} preset replaces its own earlier output"
+            print(f"{out_dir}: deleted the earlier run ({', '.join(removed)}): {why}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     try:
@@ -636,6 +666,10 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
 
 def start_fresh(r: Run) -> int:
     """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
+    if r.cfg.model == "tiny" and r.cfg.sft_steps == 0:  # else the zeros below look like a broken run
+        say(r.world, "note: --model tiny is a random model and --sft-steps 0 teaches it nothing first: it cannot "
+                     "answer, so its rewards stay 0, every group's advantages are 0 and so is the gradient (gn "
+                     "0.00). Such a run checks the code paths; --preset demo warm-starts it so that RL can learn.")
     if r.cfg.sft_steps > 0:
         # The dev checks decode with the policy itself, or under torchrun with an unsharded copy of it.
         dev_model = (lambda: r.policy) if not r.world.distributed else \

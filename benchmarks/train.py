@@ -226,7 +226,7 @@ def add_parser(subparsers) -> None:
     train.add_argument("--chunk-tokens", type=int, default=1024, help="positions per chunk of our log-prob path")
     train.add_argument("--grad-checkpointing", action="store_true", help="recompute each block in backward (both)")
     train.add_argument("--repeats", type=int, default=None, help="timed runs per implementation, median reported "
-                       "(default: 10 on cpu, 5 on cuda)")
+                       "(default: 10 on cpu, 5 on cuda; --long-tail: 2 updates of each kind)")
     train.add_argument("--impls", default=None, help="comma-separated subset of ours, ours_compiled (cuda: the "
                        "blocks under torch.compile, an experiment), transformers (default: all)")
     train.add_argument("--profile-out", default=None, help="cuda: also profile one step of each implementation "

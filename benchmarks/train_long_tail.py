@@ -22,6 +22,7 @@ from benchmarks.common import BENCH, emit, note, rss_mb
 from benchmarks.long_tail import long_tail_lengths, long_tail_model
 
 KINDS = ("fixed-rows", "token-budget")
+REPEATS = 2  # updates of each kind when --repeats is not given (an update at 2,048 tokens takes a minute on a CPU)
 
 
 def long_tail_rollout(args, vocab: int):
@@ -115,6 +116,8 @@ def bench_train_long_tail(args: argparse.Namespace) -> None:
 
     if args.micro_batch_tokens is None:  # the worst case of the fixed rows: the same peak memory at most
         args.micro_batch_tokens = args.micro_batch_size * (args.prompt_len + args.new_tokens - 1)
+    if args.repeats is None:  # `bench.py train`'s --repeats: each path has its own default
+        args.repeats = REPEATS
     if args.update_of:
         one_update(args)
         return

@@ -94,8 +94,10 @@ def load_sweep(path: Path) -> dict:
     return sweep
 
 
-def materialize_benchmarks(specs, out_dir: Path) -> list[str]:
-    """eval.py --benchmarks entries: built-in `arith...` sets become JSONL files (their test split)."""
+def materialize_benchmarks(specs, out_dir: Path, *, write: bool = True) -> list[str]:
+    """eval.py --benchmarks entries: built-in `arith...` sets become JSONL files (their test split; eval.py
+    reads the sets themselves too, but the sweeps' recorded commands name the files). write=False (--dry-run):
+    only their paths."""
     import data
 
     specs = specs.split(",") if isinstance(specs, str) else list(specs)
@@ -103,7 +105,7 @@ def materialize_benchmarks(specs, out_dir: Path) -> list[str]:
     for spec in specs:
         if spec.startswith("arith"):
             path = out_dir / "benchmarks" / f"{slug(re.sub('[:,=]', '-', spec))}.jsonl"
-            if not path.exists():
+            if write and not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 problems = data.load_problems(spec, split="test")
                 path.write_text("".join(json.dumps(p) + "\n" for p in problems))
@@ -112,8 +114,9 @@ def materialize_benchmarks(specs, out_dir: Path) -> list[str]:
     return paths
 
 
-def plan(sweep: dict, out_dir: Path) -> list[dict]:
-    """One entry per (run, seed): its train command (None for a model evaluated as is) and evaluations."""
+def plan(sweep: dict, out_dir: Path, *, write: bool = True) -> list[dict]:
+    """One entry per (run, seed): its train command (None for a model evaluated as is) and evaluations; with
+    write=False nothing is written (the benchmark files are only named)."""
     python = sys.executable
     jobs = []
     for run in sweep["runs"]:
@@ -129,7 +132,7 @@ def plan(sweep: dict, out_dir: Path) -> list[dict]:
             for row, overrides in run.get("evals", {run["name"]: {}}).items():
                 flags = {**sweep.get("eval", {}), **run.get("eval", {}), **overrides}
                 if "benchmarks" in flags:
-                    flags["benchmarks"] = materialize_benchmarks(flags["benchmarks"], out_dir)
+                    flags["benchmarks"] = materialize_benchmarks(flags["benchmarks"], out_dir, write=write)
                 eval_dir = run_dir / f"eval-{slug(row)}"
                 command = ([python, str(ROOT / "eval.py")] + flag_args(flags)
                            + ["--seed", str(seed), "--out-dir", str(eval_dir)])
@@ -172,7 +175,7 @@ def run_step(command: list[str], out_dir: Path, done_file: str, log_name: str, r
 
 
 def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict]:
-    jobs = plan(sweep, out_dir)
+    jobs = plan(sweep, out_dir, write=not dry_run)
     total = sum(bool(job["train"]) + len(job["evals"]) for job in jobs)
     count = 0
     for job in jobs:

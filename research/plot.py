@@ -29,7 +29,7 @@ FIGURES = {
                   ["div/distinct_answers", "div/mixed_groups", "div/distinct_1", "div/distinct_2",
                    "div/distinct_3", "div/distinct_4"]),
 }
-NOT_A_SETTING = {"seed", "out_dir", "resume", "overwrite"}
+NOT_A_SETTING = {"seed", "out_dir", "resume", "overwrite", "preset"}
 
 
 def load_run(run_dir: Path) -> dict:

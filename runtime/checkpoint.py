@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 
 from model import save_model
 from runtime import distributed
-from runtime.guard import Refused, reason
+from runtime.guard import Refused, follow_umask, reason
 
 MANIFEST = "manifest.json"
 # What a checkpoint written before manifests existed must hold (checked by presence and size only).
@@ -140,6 +140,28 @@ def newest_intact(checkpoints: list[Path]) -> tuple[Path | None, list[str]]:
 # ----------------------------------------------------------------------------- writing one
 
 
+# What train.py writes in its --out-dir (beside the lock): a new run there that starts over (--overwrite, or a
+# preset replacing its own output) removes all of it, so that nothing of the earlier run is left beside the new
+# one's (its completions, its warm start, a --resume picking up its checkpoints). Anything else stays.
+RUN_OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "metrics.jsonl.partial", "completions.jsonl",
+               "summary.json", "warm_start", "best", "val", "neighbors", "tensorboard", "wandb")
+
+
+def run_outputs(out_dir: Path) -> list[str]:
+    """The names in RUN_OUTPUTS that out_dir holds, and what keep_if_best leaves when killed: an earlier run's."""
+    return [name for name in RUN_OUTPUTS if (Path(out_dir) / name).exists()] + \
+        sorted(p.name for p in Path(out_dir).glob(".best-*"))
+
+
+def clear_run(out_dir: Path) -> list[str]:
+    """Removes an earlier run's outputs (RUN_OUTPUTS) from out_dir; returns the names removed."""
+    removed = run_outputs(out_dir)
+    for name in removed:
+        path = Path(out_dir) / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return removed
+
+
 def checkpoint_dirs(out_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (a directory is complete once renamed to step-N)."""
     found = [d for d in (out_dir / "checkpoints").glob("step-*") if d.is_dir() and d.name[5:].isdigit()]
@@ -151,6 +173,7 @@ def save_weights(r, out_dir: Path) -> None:
     state = distributed.gather_state_dict(r.policy, r.world)
     if r.world.is_main:
         save_model(distributed.model_from_state(r.policy, state), out_dir, r.tokenizer)
+        follow_umask(out_dir)  # safetensors writes the weights 0600
 
 
 def save_checkpoint(r, step: int) -> None:
@@ -180,6 +203,7 @@ def save_checkpoint(r, step: int) -> None:
                        tmp / "trainer_state.pt")
             r.cfg.save_json(tmp / "config.json.run")
             write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume
+            follow_umask(tmp)  # mkdtemp made it 0700
             os.replace(tmp, root / f"step-{step}")
     except (OSError, RuntimeError, SafetensorError) as error:  # a full disk: torch.save says RuntimeError
         if tmp is not None:

@@ -76,10 +76,13 @@ def reason(error: BaseException, path: Path) -> str:
 
 class StopOnSignals:
     """The first Ctrl-C or SIGTERM (what SLURM and Kubernetes send before they kill a job) asks the loop to
-    stop after the current step, which is then checkpointed; a second one stops at once (SIGTERM: the
-    default, an immediate exit). `signal_number` says which came first."""
+    stop after the current step (`after` says what that means to the user); a second one stops at once
+    (SIGTERM: the default, an immediate exit). `signal_number` says which came first."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, after: str = "this step and writing a checkpoint"):
+        self.after = after
 
     def __enter__(self):
         self.requested, self.signal_number = False, 0
@@ -91,18 +94,40 @@ class StopOnSignals:
         for number, previous in self._previous.items():  # the next one is a plain KeyboardInterrupt / SIGTERM
             signal.signal(number, previous)
         name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
-        print(f"\n{name}: stopping after this step and writing a checkpoint (a second Ctrl-C or SIGTERM stops "
-              "at once)", file=sys.stderr, flush=True)
+        print(f"\n{name}: stopping after {self.after} (a second Ctrl-C or SIGTERM stops at once)", file=sys.stderr,
+              flush=True)
 
     def __exit__(self, *exc_info):
         for number, previous in self._previous.items():
             signal.signal(number, previous)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc); elsewhere set and put back."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: Path) -> None:
+    """Gives root and everything under it the modes a plain mkdir or open gives (0777 / 0666 less the umask).
+    tempfile's mkdtemp and mkstemp, through which checkpoints and caches are written to be renamed whole, and
+    safetensors make them private (0700 / 0600): others on a shared machine could not read a model."""
+    mask, root = umask(), Path(root)
+    for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def resume_command(argv: list[str], script: str = "train.py") -> str:
     """The command that continues this run, shell-quoted so that it works when pasted (an empty
-    --instruction '', a path with spaces); under torchrun, with its launcher."""
+    --instruction '', a path with spaces); under torchrun, with its launcher and `--` before the script (eval.py's
+    --n would otherwise be taken for an abbreviation of one of torchrun's options)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     launcher = ["python"] if world_size == 1 else \
-        ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', world_size)}"]
+        ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', world_size)}", "--"]
     return shlex.join([*launcher, script, *argv, *([] if "--resume" in argv else ["--resume"])])

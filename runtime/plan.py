@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from data import describe_load_error, hub_snapshot
 from model import TINY_CONFIG, ModelConfig, Transformer, kv_cache_bytes
 
 GIB = 2**30
@@ -94,9 +96,8 @@ def model_config(name_or_path: str) -> ModelConfig:
         if name_or_path.count("/") != 1:
             raise FileNotFoundError(f"{name_or_path!r} is neither a checkpoint directory, a config.json nor a "
                                     "hub id (owner/name)")
-        from huggingface_hub import hf_hub_download
-
-        path = Path(hf_hub_download(name_or_path, "config.json"))
+        path = hub_snapshot(name_or_path, allow_patterns=["config.json"],
+                            instead="a local checkpoint directory or its config.json") / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the plan needs the model's config.json")
     try:
@@ -420,8 +421,8 @@ def print_plan(cfg, *, gpus: int | None = None, gpu_gb: float | None = None) -> 
     gpu_gb = gpu_gb or default_gpu_gb(device)
     try:
         mc = model_config(cfg.model)
-    except (OSError, ValueError) as error:
-        print(f"error: --model {cfg.model}: {error}")
+    except (OSError, ValueError) as error:  # a missing file, a bad config.json, the hub (HubUnreachable)
+        print(f"error: {describe_load_error(error, f'--model {cfg.model}')}", file=sys.stderr)
         return 2
     plan = plan_memory(cfg, mc, gpus=gpus, gpu_gb=gpu_gb, device=device)
     print(format_plan(plan))

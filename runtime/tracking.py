@@ -1,4 +1,5 @@
-"""Experiment tracking where users already look: TensorBoard and Weights & Biases (`--report-to`, TRL's name).
+"""Experiment tracking where users already look: TensorBoard and Weights & Biases (`--report-to`, TRL's name), and
+progress bars that also speak in a log file (`progress`).
 
     tracker = Tracker("tensorboard,wandb", out_dir, config=asdict(cfg))
     tracker.log(metrics, step)            # every numeric field of a metrics.jsonl record
@@ -14,10 +15,62 @@ WANDB_MODE=offline (`wandb sync` uploads it later).
 import json
 import math
 import os
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tqdm import tqdm
+
 BACKENDS = ("tensorboard", "wandb")
+# Where a progress bar cannot redraw itself (a log file, a pipe), it writes a line at most this often.
+LOG_EVERY_S = 15.0
+
+
+class _Lines:
+    """tqdm's stream where it cannot redraw its line: each state it draws becomes a line of its own, at most one
+    every LOG_EVERY_S seconds (a state drawn sooner waits; `finish` writes the last one)."""
+
+    def __init__(self, stream):
+        self.stream, self.pending, self.written, self.last_s = stream, "", "", time.monotonic()
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").strip()
+        self.pending = text or self.pending
+        if time.monotonic() - self.last_s >= LOG_EVERY_S:
+            self.finish()
+
+    def finish(self) -> None:
+        """Writes the state drawn last unless a line already said as much (the same count before the timings)."""
+        if self.pending and self.pending.split("[")[0] != self.written.split("[")[0]:
+            self.stream.write(self.pending + "\n")
+            self.written, self.last_s = self.pending, time.monotonic()
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class _LogBar(tqdm):
+    """tqdm writing to _Lines: its last state is written when it closes."""
+
+    def __init__(self, iterable=None, *, file: _Lines, **kwargs):
+        self.lines = file  # tqdm wraps its file in its own class
+        super().__init__(iterable, file=file, **kwargs)
+
+    def close(self) -> None:
+        super().close()
+        self.lines.finish()
+
+
+def progress(iterable=None, *, disable: bool | None = None, file=None, **kwargs) -> tqdm:
+    """A tqdm bar (same arguments) that also speaks where it cannot draw: on a terminal it is tqdm's; in a log
+    file or a pipe, where tqdm says nothing, it writes a plain line every LOG_EVERY_S seconds and its last
+    state when it ends. disable=True silences it (another rank, a caller's choice)."""
+    file = file or sys.stderr
+    if disable or (hasattr(file, "isatty") and file.isatty()):
+        return tqdm(iterable, disable=bool(disable), file=file, **kwargs)
+    kwargs.update(leave=True, mininterval=min(kwargs.get("mininterval", LOG_EVERY_S), LOG_EVERY_S), ascii=True)
+    return _LogBar(iterable, file=_Lines(file), ncols=100, **kwargs)
 
 
 def parse_report_to(report_to: str | Sequence[str]) -> list[str]:

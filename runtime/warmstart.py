@@ -2,16 +2,15 @@
 (a competence target checked on dev problems), and the greedy held-out accuracy the demo reports before and
 after RL. A real run starts from a trained model and skips it (--sft-steps 0)."""
 
-import sys
 
 import torch
-from tqdm import tqdm
 
 from data import PromptBatcher
 from ngrpo import autocast
 from replay import token_logprobs
 from rollout import Sampling, generate
 from runtime import distributed
+from runtime.tracking import progress
 
 
 def held_out_accuracy(model, problems: list[dict], tokenizer, pool, *, max_new_tokens: int,
@@ -51,7 +50,7 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool, *, dev
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
     dev_accuracy, steps, checks_passed = None, 0, 0
-    bar = tqdm(range(cfg.sft_steps), desc="warm start", leave=False, file=sys.stderr, disable=None)
+    bar = progress(total=cfg.sft_steps, desc="warm start", unit="step", leave=False)
     for steps in range(1, cfg.sft_steps + 1):
         model.train()
         batch = batcher.next_batch()

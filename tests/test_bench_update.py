@@ -1,5 +1,5 @@
 """The update benchmarks: `bench.py train --long-tail` at a tiny shape (both kinds run, agree, and the budget
-pads less), and `bench.py trl` skipping with a message when TRL is not installed."""
+pads less) and on its defaults, and `bench.py trl` skipping with a message when TRL is not installed."""
 
 import argparse
 import json
@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from benchmarks import train as train_bench
+from benchmarks import train_long_tail
 from benchmarks import trl as trl_bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +28,24 @@ def test_long_tail_update_bench_reports_both_kinds_with_the_same_weights():
     assert budget["padded_frac"] < fixed["padded_frac"]
     assert summary["speedup"] > 0 and summary["weights_max_abs_diff"] < 1e-5
     assert summary["metrics_max_rel_diff"] < 1e-4
+
+
+def test_long_tail_update_bench_runs_on_the_defaults_of_bench_train(monkeypatch, tmp_path):
+    """`python bench.py train --long-tail` as docs/micro-batches.md gives it: `bench.py train`'s defaults work on
+    this path (--repeats stayed None there: a TypeError). The updates themselves are replaced by their records."""
+    parser = argparse.ArgumentParser()
+    train_bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["train", "--long-tail"])
+    kinds = []
+
+    def update(args, kind, save):
+        kinds.append(kind)
+        torch.save({"w": torch.zeros(2)}, save)
+        return {"seconds": 1.0, "cpu_seconds": 1.0, "metrics": {"loss": 0.5}, "padded_frac": 0.2, "peak_mem_mb": 9.0}
+
+    monkeypatch.setattr(train_long_tail, "run_child", update)
+    args.run(args)
+    assert kinds == ["fixed-rows", "token-budget", "token-budget", "fixed-rows"]  # 2 each, alternating
 
 
 def test_trl_bench_without_trl_skips_with_a_message(monkeypatch, capsys):

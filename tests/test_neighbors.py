@@ -151,7 +151,8 @@ def test_bad_chunk_size_raises_a_clear_value_error():
 
 
 def test_a_long_search_reports_every_row_to_its_progress_bar(monkeypatch):
-    """The bar (tqdm, stderr, shown after 3 s) counts the vocabulary's rows, chunk by chunk, to the end."""
+    """The bar (tracking.progress: stderr, shown after 3 s) counts the vocabulary's rows, chunk by chunk, to the
+    end."""
     bars = []
 
     class Recorder:
@@ -165,7 +166,7 @@ def test_a_long_search_reports_every_row_to_its_progress_bar(monkeypatch):
         def close(self):
             self.closed = True
 
-    monkeypatch.setattr(neighbors, "tqdm", Recorder)
+    monkeypatch.setattr(neighbors, "progress", Recorder)
     build_neighbor_table(torch.randn(50, 8), 2, chunk_size=7)
     (bar,) = bars
     assert bar.kwargs["total"] == 50 and bar.done == 50 and bar.closed

@@ -251,7 +251,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     os.kill(rank_pids(process.pid)[1], signal.SIGTERM)  # rank 1 only: rank 0 must learn of it and agree
     _, stderr = process.communicate(timeout=120)
     interrupted = [line for line in stderr.splitlines() if line.startswith("interrupted:")]
-    assert len(interrupted) == 1 and "continue with: torchrun --nproc_per_node=2 train.py " in interrupted[0]
+    assert len(interrupted) == 1 and "continue with: torchrun --nproc_per_node=2 -- train.py " in interrupted[0]
     step = int(interrupted[0].split("checkpoint of step ")[1].split()[0])
     assert sorted(d.name for d in (out / "checkpoints").iterdir()) == [f"step-{step}"]
     assert metrics_of(out)[-1]["step"] == step  # neither rank ran a step past it

@@ -262,11 +262,12 @@ def test_rollout_batch_size_is_the_decode_slots_and_changes_no_response(tmp_path
 
 def test_a_new_run_over_an_earlier_runs_checkpoints_stops_unless_told(tmp_path):
     """Without --resume or --overwrite a second run in the same --out-dir stops before any work, so hours of
-    checkpoints are never clobbered; with --overwrite it starts over and leaves only its own checkpoints."""
-    train.run(tiny(tmp_path, max_steps=2, save_every=1))
+    checkpoints are never clobbered; with --overwrite it starts over and leaves only its own checkpoints. (Runs
+    of no preset: the tiny preset replaces its own output, test_second_hour.py.)"""
+    train.run(tiny(tmp_path, max_steps=2, save_every=1, preset=""))
     assert [d.name for d in train.checkpoint_dirs(tmp_path / "run")] == ["step-1", "step-2"]
     with pytest.raises(SystemExit, match="holds checkpoints of an earlier run .latest: step-2.*--resume.*--overwrite"):
-        train.run(tiny(tmp_path, max_steps=1, overwrite=False))
-    train.run(tiny(tmp_path, max_steps=1, overwrite=True))
+        train.run(tiny(tmp_path, max_steps=1, preset=""))
+    train.run(tiny(tmp_path, max_steps=1, overwrite=True, preset=""))
     assert [d.name for d in train.checkpoint_dirs(tmp_path / "run")] == ["step-1"]
     assert len(read_metrics(tmp_path / "run")) == 1
