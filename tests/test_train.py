@@ -136,7 +136,8 @@ def test_resume_continues_exactly(tmp_path, one_thread):
 KILL_DURING_SECOND_SAVE = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-import checkpoint, train, model
+import train, model
+from runtime import checkpoint
 from config import parse_config
 calls = []
 real_save = model.save_model
