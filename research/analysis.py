@@ -8,8 +8,8 @@ Diversity (cheap, no model calls; for metrics.jsonl every step; docs/experiments
     mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
     mixture_closeness(same arguments)  -> (mean ||e_mixed - E[y]|| / ||E[y]||, mean cos), one pass
 
-Uncertainty (estimators.py's bootstrap over problems: percentile intervals, RESAMPLES seeded draws):
-    estimators.intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
+Uncertainty (eval.py's estimators: a bootstrap over problems: percentile intervals, RESAMPLES seeded draws):
+    eval.intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
     compare_runs(load_samples(A), load_samples(B))  -> per benchmark: each run's metrics with intervals, the
         paired difference with its interval and a paired sign-flip permutation test, solved only by A / B /
         both.
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import reward
-from estimators import LEVEL, PASS_KS, RESAMPLES, bootstrap_means, metric_values, percentile_interval
+from eval import LEVEL, PASS_KS, RESAMPLES, bootstrap_means, metric_values, percentile_interval
 
 NGRAM_ORDERS = (1, 2, 3, 4)
 

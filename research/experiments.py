@@ -24,7 +24,7 @@ the prompt (the demo preset's `instruction: ""`) says so in "eval" too (`"instru
 Outputs: OUT/<run>/seed-<s>/ (train.py's --out-dir, train.log), OUT/<run>/seed-<s>/eval-<row>/ (eval.py's
 --out-dir, eval.log). A finished step (summary.json / results.json present) is skipped; an interrupted one
 continues with --resume; a directory holding a run of other flags is an error. The table's value is the mean
-over seeds; its interval is a percentile bootstrap over problems (estimators.RESAMPLES draws, seed 0) of each
+over seeds; its interval is a percentile bootstrap over problems (eval.RESAMPLES draws, seed 0) of each
 problem's score averaged over seeds; the average column averages the benchmarks' resamples (stratified).
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from estimators import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
+from eval import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
 from research.analysis import load_samples
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo: train.py and eval.py are there

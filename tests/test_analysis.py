@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import estimators as S
+import eval as S
 from research import analysis as A
 from reward import RewardPool
 

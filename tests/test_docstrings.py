@@ -4,10 +4,10 @@ import doctest
 
 import pytest
 
-import estimators
+import eval
 import ngrpo
 
-MODULES = [ngrpo, estimators]
+MODULES = [ngrpo, eval]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
