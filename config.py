@@ -463,16 +463,12 @@ PRESETS: dict[str, dict] = {
                           filter_groups="all_correct", kl_coef=0.0),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
     "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4),
-    # The offline demo: the random tiny model learns the answer format, copying the counts and part of the
-    # arithmetic from worked solutions until it answers 60% of 100 dev problems greedily at two checks in a row,
-    # two steps apart (a competence target, not a step count: the same starting skill on any CPU; at lr 3e-3
-    # five steps can add 0.15, so checks every 5 steps handed RL 0.50-0.78), then 120 N-GRPO steps raise
-    # its greedy accuracy on 200 held-out problems. Counts up to 5 keep the distinct sums and differences few
-    # (40), so RL meets each many times; 32 prompts x 4 responses and one on-policy update per step; prompts
-    # without the R1 instruction (~90 byte tokens instead of ~150) make each step about half as costly.
-    # Rollouts at temperature 0.7: at 1.0 the tiny model's samples carry stray tokens, so a group's rewards
-    # say more about its sampling noise than about the errors of its greedy answer, and slow seeds gained
-    # half as much (BENCHMARKS.md, "The demo, fourth recipe").
+    # The offline demo: the random tiny model is taught the answer format on worked solutions until it answers 60%
+    # of 100 dev problems greedily at two checks in a row (a competence target, not a step count: the same
+    # starting skill on any CPU), then 120 N-GRPO steps raise its greedy accuracy on 200 held-out problems. Counts
+    # up to 5 keep the distinct sums and differences few (40), so RL meets each many times; prompts without the R1
+    # instruction halve a step's cost; rollouts at temperature 0.7, where the tiny model's samples at 1.0 carry
+    # stray tokens whose noise drowns the signal of its greedy errors (BENCHMARKS.md, "The demo").
     "demo": dict(_SMALL, out_dir="runs/demo", data="arith:max_count=5", instruction="",
                  temperature=0.7,
                  sft_steps=600, sft_lr=3e-3, sft_target_accuracy=0.6, sft_eval_every=2, group_size=4,

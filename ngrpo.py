@@ -1,22 +1,32 @@
-"""The N-GRPO algorithm: what training does with a Rollout (docs/algorithm.md).
+"""The N-GRPO algorithm: what training does with a Rollout. Zhu, Yu, Di, Zhu, "N-GRPO: Embedding-Level Neighbor
+Mixing for Enhanced Policy Optimization" (ACL 2026 Findings, arXiv 2606.10768); its released code is
+github.com/ZJUSCL/N-GRPO, whose recipe this repo follows where the paper's text reads otherwise
+(docs/paper-vs-release.md).
 
-    rewards -> group_advantages -> replay the recorded inputs (policy, old policy, reference)
-            -> token_logprobs from hidden states, in chunks -> policy_loss (dual-clip PPO or GSPO + k3 KL,
-               each token's loss weighted by pi_train(y) / pi_sampler(y) as --rollout-is says)
+What runs by default (`python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B`, preset paper-1.5b):
+  1. Rollouts (rollout.py): 64 prompts x G = 4 responses at temperature 1. At each decode step, with probability
+     0.1 until </think>, the next input is not the sampled token's embedding but a mixture of the greedy token and
+     its 1 nearest cosine neighbor in the output matrix (neighbors.py), weighted softmax(p / tau) over the two
+     (strategies.neighbor_candidates: the released code's weights). The sampled token stays the action.
+  2. Rewards (reward.py): 1 if the last \boxed{} answer equals the reference (sympy), else 0.
+  3. Advantages (group_advantages): (r - mean_G r) / (std_G r + 1e-6) within each prompt's group.
+  4. Replay (replay.py): the policy, the old policy and the reference model are scored on the inputs the sampler
+     fed, mixtures included; the input embeddings stay frozen, as in the released runs.
+  5. Loss (policy_loss): dual-clip PPO (ratio clipped to [0.8, 1.2], losses of negative advantages capped at
+     -3 A) + 0.01 x the k3 KL to the reference, summed over each run of 2 rows' tokens (the released
+     aggregation), AdamW at lr 5e-7 over 4 mini-batches of 16 prompts, one epoch (update).
 
-Replay: every response position is fed what the sampler fed, sum_k w_k E[id_k] (`mixed_embeddings`, the one
-formula both sides use; plus the noise a strategy recorded, redrawn from its key), so the policy is scored
-on the inputs it actually saw; gradients reach E through the mixtures. Sequences are laid out
-[prompt | response] and right-padded, so plain causal attention is exact for every real token. The loss is a
-token mean over all response tokens of the mini-batch (or a mean over its sequences, --loss-agg): each
-micro-batch divides by the mini-batch's token (or sequence) count, so the gradient does not depend on how
-the mini-batch is split.
+    rewards -> group_advantages -> replay (old policy, reference) -> micro-batches -> policy_loss -> AdamW
+
+The loss is a token mean over the mini-batch (or over runs of rows, or over its sequences: --loss-agg): each
+micro-batch divides by the whole mini-batch's count, so the gradient does not depend on how it is split.
+--rollout-is weighs each token's loss by pi_train(y) / pi_sampler(y) (off by default, as released).
 """
 
 import contextlib
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -127,19 +137,37 @@ def loss_normalizer(mask: torch.Tensor, loss_agg: str, rows: int = 1) -> torch.T
     return count.clamp_min(1).to(torch.float32)
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, cfg, normalizer=None, run_tokens=None,
-                is_weights=None):
-    """Clipped policy-gradient loss (+ kl_coef * k3 KL) aggregated over the tokens of `mask` as cfg.loss_agg
-    says, divided by normalizer (default: this batch's token count for token-mean, else its count of rows
-    with a token; pass the whole mini-batch's count when this is one micro-batch).
+@dataclass(frozen=True)
+class LossSettings:
+    """What policy_loss reads of a run's settings (the defaults are config.Config's)."""
 
-    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. cfg supplies loss ("grpo": token ratio,
-    "gspo": sequence ratio exp(mean_t(logp - old_logp))), clip_low, clip_high, dual_clip, kl_coef, loss_agg,
-    max_new_tokens. is_weights [B, T] (`importance_weights`, --rollout-is): each token's clipped loss is
-    multiplied by its weight, which carries no gradient; the KL term is not weighted, and a token weighted 0
-    still counts in the normalizer. Returns (loss, metrics); each metric is a sum / normalizer, so
-    micro-batches add up (fractions and ratio_mean are token means, or means of per-sequence token means in
-    the seq modes)."""
+    loss: str = "grpo"  # grpo: each token's ratio; gspo: one ratio per sequence, exp(mean_t(logp - old_logp))
+    clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2
+    dual_clip: float = 3.0  # for A < 0 a token's loss is at most -dual_clip * A (0: off)
+    kl_coef: float = 0.01  # the k3 KL to the reference model, added to the loss
+    loss_agg: str = "token-mean"  # how token losses become one number (`aggregate`)
+    loss_agg_rows: int = 1  # token-mean-per-rows: rows per run
+    max_new_tokens: int = 8192  # seq-mean-token-sum-norm's divisor
+
+    @classmethod
+    def of(cls, cfg) -> "LossSettings":
+        """The settings of a Config (or anything with these attributes)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref_logp=None, normalizer=None,
+                run_tokens=None, is_weights=None):
+    """Clipped policy-gradient loss (+ kl_coef * k3 KL) aggregated over the tokens of `mask` as
+    settings.loss_agg says, divided by normalizer (default: this batch's token count for token-mean, else its
+    count of rows with a token; pass the whole mini-batch's count when this is one micro-batch).
+
+    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. is_weights [B, T] (`importance_weights`,
+    --rollout-is): each token's clipped loss is multiplied by its weight, which carries no gradient; the KL term
+    is not weighted, and a token weighted 0 still counts in the normalizer. Returns (loss, metrics); each metric
+    is a sum / normalizer, so micro-batches add up (fractions and ratio_mean are token means, or means of
+    per-sequence token means in the seq modes)."""
+    cfg = settings
     mask = mask.float()
     if normalizer is None:
         normalizer = loss_normalizer(mask, cfg.loss_agg, cfg.loss_agg_rows)
@@ -416,8 +444,8 @@ class Episodes:
 
     def rows(self, index: slice | list[int]) -> "Episodes":
         pick = lambda x: None if x is None else x[index]
-        return Episodes(self.rollout.select(index), self.advantages[index], pick(self.old_logp),
-                        pick(self.ref_logp), pick(self.in_loss))
+        return Episodes(rollout=self.rollout.select(index), advantages=self.advantages[index],
+                        old_logp=pick(self.old_logp), ref_logp=pick(self.ref_logp), in_loss=pick(self.in_loss))
 
     def micro_batch(self, index: list[int]) -> "Episodes":
         """The rows `index`, cut to their longest response, so that the log-probs of a micro-batch of short
@@ -426,7 +454,8 @@ class Episodes:
         rollout = trimmed(micro.rollout)
         width = rollout.response_ids.shape[1]
         cut = lambda x: None if x is None else x[:, :width]
-        return Episodes(rollout, micro.advantages, cut(micro.old_logp), cut(micro.ref_logp), micro.in_loss)
+        return Episodes(rollout=rollout, advantages=micro.advantages, old_logp=cut(micro.old_logp),
+                        ref_logp=cut(micro.ref_logp), in_loss=micro.in_loss)
 
     def loss_mask(self) -> torch.Tensor:
         """[N, T] bool: the response tokens that count in the loss."""
@@ -479,8 +508,8 @@ def make_episodes(policy, reference, rollout, advantages, cfg, world: World = Wo
     old_logp = rollout.logprobs.float() if cfg.old_logp == "rollout" else replayed
     mismatch = None if replayed is None else mismatch_sums(replayed, rollout.logprobs, rollout.response_mask(),
                                                            RolloutCorrection.of(cfg))
-    episodes = Episodes(rollout, advantages.to(rollout.logprobs.device), old_logp, ref_logp,
-                        rollout.finished if cfg.mask_truncated else None)
+    episodes = Episodes(rollout=rollout, advantages=advantages.to(rollout.logprobs.device), old_logp=old_logp,
+                        ref_logp=ref_logp, in_loss=rollout.finished if cfg.mask_truncated else None)
     return episodes, mismatch
 
 
@@ -520,7 +549,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
         with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask,
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
-                                        cfg=cfg, normalizer=normalizer.to(device),
+                                        settings=LossSettings.of(cfg), normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
                                         run_tokens[index].to(device), is_weights=is_weights)
         if real and not torch.isfinite(loss):

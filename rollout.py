@@ -1,6 +1,6 @@
 """The KV-cached sampler with continuous refill; the exploration strategies it calls are in strategies.py.
 
-One decode step, for every live row at once (DESIGN.md §3 steps 1-5):
+One decode step, for every live row at once (the paper's steps 1-5, docs/algorithm.md):
 
     p   = softmax(filter(logits / tau))           y ~ p is the action: recorded, rewarded, trained on
     m   = Bernoulli(mix_rate), until </think>     (`soft`: every thinking step; or an entropy threshold)

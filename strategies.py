@@ -197,7 +197,7 @@ def candidate_table(table: torch.Tensor, num_neighbors: int) -> torch.Tensor:
 def neighbor_candidates(probs: torch.Tensor, cand_table: torch.Tensor, *, temperature: float,
                         weights: str = "code") -> tuple[torch.Tensor, torch.Tensor]:
     """From the sampling distribution p [B, V]: candidates [anchor = argmax p, its neighbors] [B, K] and
-    their weights [B, K] (DESIGN.md §3 steps 3-4). cand_table comes from candidate_table()."""
+    their weights [B, K] (the paper's steps 3-4, docs/algorithm.md). cand_table comes from candidate_table()."""
     cand_ids = cand_table[probs.argmax(-1)]  # [B, K]
     cand_probs = probs.gather(-1, cand_ids)
     if weights == "code":

@@ -4,10 +4,11 @@ rollout.py, the reward in reward.py; this file builds a run, moves data between 
     python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B      # the paper's recipe (paper-1.5b)
     python train.py --preset demo                                          # offline, CPU, 63-84 s (2 threads)
 
-One step (`run`): collect_groups (draw prompts -> G rollouts each -> rewards, refilled and filtered as
---filter-groups says) -> ngrpo.update (group advantages -> replayed old / reference log-probs -> clipped
-mini-batch steps) -> metrics -> checkpoint. Outputs in --out-dir: config.json, metrics.jsonl,
-completions.jsonl, checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
+One step (`run_steps`; what runs by default: ngrpo.py's docstring): collect_groups (draw prompts -> G rollouts
+each -> rewards, refilled and filtered as --filter-groups says) -> train_on (ngrpo.update: group advantages ->
+replayed old / reference log-probs -> clipped mini-batch steps) -> step_metrics, then after_step (evaluations,
+the log, checkpoints, stops). Outputs in --out-dir: config.json, metrics.jsonl, completions.jsonl,
+checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
 """
 
 import contextlib
@@ -89,6 +90,7 @@ class Run:
     val_sets: list = field(default_factory=list)  # --val-data as eval.py's (name, problems, kind)
     tracker: Tracker | None = None  # --report-to (rank 0 only)
     summary: dict = field(default_factory=dict)
+    metrics_path: Path | None = None  # OUT/metrics.jsonl on rank 0 (None elsewhere), set when the run begins
 
     def refresh_sampler(self) -> None:
         if self.sampler is not self.policy:
@@ -147,14 +149,39 @@ def run(cfg: Config) -> dict:
 
 
 def run_steps(cfg: Config, world: distributed.World) -> dict:
-    """`run` in an initialised world: setup, resume or a fresh start, the step loop, the summary."""
+    """`run` in an initialised world: a run begun (or resumed), its steps, the summary. Each step is the
+    algorithm, rollouts -> rewards -> update -> metrics; everything else a step does (evaluations, the log,
+    checkpoints, stopping on a signal or on failures) is `after_step`'s."""
+    r, start_step, max_steps = begin(cfg, world)
+    watch = Watch()
+    with StopOnSignals() as interrupt:
+        for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
+                         file=sys.stderr, disable=None if world.is_main else True):
+            step_start = time.perf_counter()
+            if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step \
+                    and step % cfg.neighbor_refresh == 0:
+                r.table = shared_table(r)  # --neighbor-refresh: the table of the current weights
+            groups = collect_groups(r, step)  # prompts -> G rollouts each -> rewards
+            update_start = time.perf_counter()
+            result, skipped = train_on(r, groups, step, max_steps)  # advantages -> clipped mini-batch steps
+            metrics = step_metrics(r, step + 1, groups, result, skipped, time.perf_counter() - update_start)
+            after_step(r, watch, step + 1, max_steps, groups, metrics, interrupt, step_start,
+                       failed=bool(skipped and not result))
+    if max_steps > start_step:
+        save_checkpoint(r, max_steps)
+    return finish(r, r.metrics_path)
+
+
+def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
+    """(the run, its first step, its last): --out-dir claimed, the run built and resumed or started fresh, and
+    on a fresh start the evaluations before RL."""
     out_dir, resume_from = claim_out_dir(cfg) if world.is_main else (Path(cfg.out_dir), None)
     resume_from = distributed.broadcast_object(resume_from, world)  # rank 0's choice, after it has checked
     say(world, f"out dir: {out_dir}" + (f" ({world.size} processes)" if world.distributed else ""))
     r = setup(cfg, world, out_dir)
     start_step = restore_checkpoint(r, resume_from) if resume_from else start_fresh(r)
     max_steps = cfg.max_steps or -(-len(r.problems) // cfg.prompts_per_step)
-    metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
+    r.metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
     if r.held_out and start_step == 0:
         r.summary["accuracy_before"] = r.held_out_accuracy()
         say(world, f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} "
@@ -163,47 +190,54 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
         r.summary["val_before"] = validate(r, 0)
         say(world, "validation before RL: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
+    return r, start_step, max_steps
 
-    failures_in_a_row, scoreless_in_a_row, step = 0, 0, start_step
-    with StopOnSignals() as interrupt:
-        for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
-                         file=sys.stderr, disable=None if world.is_main else True):
-            step_start = time.perf_counter()
-            if cfg.explore == "neighbor" and cfg.neighbor_refresh and step > start_step \
-                    and step % cfg.neighbor_refresh == 0:
-                r.table = shared_table(r)
-            groups = collect_groups(r, step)
-            update_start = time.perf_counter()
-            for group in r.optimizer.param_groups:
-                group["lr"] = scheduled_lr(cfg, step, max_steps)
-            result, skipped = ({}, 0) if not len(groups.trained.prompts) else \
-                update(r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, cfg,
-                       world)
-            r.refresh_sampler()
-            update_s = time.perf_counter() - update_start
-            metrics = step_metrics(r, step + 1, groups, result, skipped, update_s)
-            if r.held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-                metrics["held_out_accuracy"] = r.held_out_accuracy()
-            if r.val_sets and ((cfg.val_every and (step + 1) % cfg.val_every == 0) or step + 1 == max_steps):
-                metrics.update(validate(r, step + 1))
-                keep_if_best(r, step + 1, metrics)
-            metrics["step_s"] = time.perf_counter() - step_start
-            if world.is_main:
-                log_step(r, metrics_path, metrics, groups)
-            failures_in_a_row = failures_in_a_row + 1 if skipped and not result else 0
-            scoreless_in_a_row = check_scored(r, groups, step + 1, scoreless_in_a_row)
-            if failures_in_a_row >= 3:
-                raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step + 1}); "
-                               "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
-            stop = distributed.max_across({"signal": float(interrupt.signal_number)}, world)["signal"]
-            if stop:  # every rank stops after the same step, whichever got the signal
-                save_checkpoint(r, step + 1)
-                raise KeyboardInterrupt(step + 1, int(stop))
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < max_steps:
-                save_checkpoint(r, step + 1)
-    if max_steps > start_step:
-        save_checkpoint(r, max_steps)
-    return finish(r, metrics_path)
+
+def train_on(r: Run, groups: Groups, step: int, max_steps: int) -> tuple[dict, int]:
+    """The update on the groups the step keeps (ngrpo.update) at this step's learning rate, then the sampler
+    refreshed: (its metrics, mini-batches skipped for a non-finite loss); ({}, 0) when no group was kept."""
+    for group in r.optimizer.param_groups:
+        group["lr"] = scheduled_lr(r.cfg, step, max_steps)
+    result, skipped = ({}, 0) if not len(groups.trained.prompts) else update(
+        r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, r.cfg, r.world)
+    r.refresh_sampler()
+    return result, skipped
+
+
+@dataclass
+class Watch:
+    """What after_step counts from step to step to stop a run that has gone wrong."""
+
+    failed_in_a_row: int = 0  # steps whose every mini-batch was skipped (non-finite loss or gradient)
+    scoreless_in_a_row: int = 0  # steps where no answer could be scored
+
+
+def after_step(r: Run, watch: Watch, step: int, max_steps: int, groups: Groups, metrics: dict, interrupt,
+               step_start: float, *, failed: bool) -> None:
+    """The bookkeeping of step `step` (1-based) once its metrics are known: held-out accuracy and validation
+    when due (and the best checkpoint kept), the log line and metrics.jsonl, the failure counters (failed: every
+    mini-batch of the update was skipped), a signal (every rank stops after the same step, with a checkpoint) and
+    the periodic checkpoint."""
+    cfg = r.cfg
+    if r.held_out and cfg.eval_every and step % cfg.eval_every == 0:
+        metrics["held_out_accuracy"] = r.held_out_accuracy()
+    if r.val_sets and ((cfg.val_every and step % cfg.val_every == 0) or step == max_steps):
+        metrics.update(validate(r, step))
+        keep_if_best(r, step, metrics)
+    metrics["step_s"] = time.perf_counter() - step_start
+    if r.world.is_main:
+        log_step(r, r.metrics_path, metrics, groups)
+    watch.failed_in_a_row = watch.failed_in_a_row + 1 if failed else 0
+    watch.scoreless_in_a_row = check_scored(r, groups, step, watch.scoreless_in_a_row)
+    if watch.failed_in_a_row >= 3:
+        raise RunError(f"3 steps in a row had a non-finite loss or gradient (last: step {step}); "
+                       "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
+    stop = distributed.max_across({"signal": float(interrupt.signal_number)}, r.world)["signal"]
+    if stop:  # every rank stops after the same step, whichever got the signal
+        save_checkpoint(r, step)
+        raise KeyboardInterrupt(step, int(stop))
+    if cfg.save_every and step % cfg.save_every == 0 and step < max_steps:
+        save_checkpoint(r, step)
 
 
 def collect_groups(r: Run, step: int) -> Groups:
@@ -238,8 +272,9 @@ def collect_groups(r: Run, step: int) -> Groups:
         index = [int(g) * cfg.group_size + j for g in kept for j in range(cfg.group_size)]
         trained, trained_rewards = rollout.select(index), rewards[index]
     failed = distributed.sum_across({k: getattr(r.pool, k) - v for k, v in failed_before.items()}, r.world)
-    return Groups(rows, texts, rollout, scores, rewards, trained, trained_rewards, len(rollouts), groups_kept,
-                  rollout_s, score_s, int(failed["errors"]), int(failed["timeouts"]))
+    return Groups(rows=rows, texts=texts, rollout=rollout, scores=scores, rewards=rewards, trained=trained,
+                  trained_rewards=trained_rewards, draws=len(rollouts), groups_kept=groups_kept, rollout_s=rollout_s,
+                  score_s=score_s, reward_errors=int(failed["errors"]), reward_timeouts=int(failed["timeouts"]))
 
 
 def check_scored(r: Run, groups: Groups, step: int, scoreless_in_a_row: int) -> int:
@@ -659,9 +694,11 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     trainer = distributed.shard_model(policy, world)
     optimizer = torch.optim.AdamW([p for p in trainer.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
-    return Run(cfg, world, out_dir, device, tokenizer, policy, trainer, policy, optimizer, problems, held_out,
-               PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed), pool, sampling, exploration,
-               val_sets=val_sets, tracker=tracker, summary={"prompts": len(problems), "prompts_dropped": dropped})
+    return Run(cfg=cfg, world=world, out_dir=out_dir, device=device, tokenizer=tokenizer, policy=policy,
+               trainer=trainer, sampler=policy, optimizer=optimizer, problems=problems, held_out=held_out,
+               batcher=PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed), pool=pool, sampling=sampling,
+               exploration=exploration, val_sets=val_sets, tracker=tracker,
+               summary={"prompts": len(problems), "prompts_dropped": dropped})
 
 
 def start_fresh(r: Run) -> int:

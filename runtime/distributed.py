@@ -1,5 +1,5 @@
 """Several processes and nodes with torchrun: the process group, FSDP2 sharding of the policy, and the few
-things that cross ranks (DESIGN.md §6).
+things that cross ranks.
 
     torchrun --nproc-per-node 8 train.py --preset paper-1.5b
 
@@ -106,7 +106,7 @@ def shard_model(model: Transformer, world: World) -> ModelCall:
     matrix); the parameters become DTensors sharded on dim 0 over the ranks, and AdamW over
     `policy.parameters()` keeps its state sharded with them. On GPU the forward and backward run on bf16
     copies of the parameters and gradients are reduced in fp32 (the fp32 shards stay the master weights,
-    DESIGN.md §4); on CPU all is fp32. A world of one without a process group is left unsharded."""
+    docs/distributed.md); on CPU all is fp32. A world of one without a process group is left unsharded."""
     call = ModelCall(model)
     if not world.distributed:
         return call

@@ -1,5 +1,5 @@
 """data.py: the real problem files load with the right counts, bad input names file and line, prompts render
-as DESIGN.md §3 says, the arith set is right by an independent re-derivation, and the batch cursor resumes."""
+as docs/algorithm.md says, the arith set is right by an independent re-derivation, and the batch cursor resumes."""
 
 import json
 import re

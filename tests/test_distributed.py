@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from config import preset
 from model import TINY_CONFIG, random_model, save_model
-from ngrpo import policy_loss
+from ngrpo import LossSettings, policy_loss
 from replay import sequence_logprobs
 from rollout import length_mask
 from runtime import distributed
@@ -74,7 +74,8 @@ def batch_loss(call, batch: dict, rows: list[int], normalizer=None):
     mask = length_mask(pick["lengths"], pick["response_ids"].shape[1])
     logp, _ = call(sequence_logprobs, pick["prompts"], pick["cand_ids"], pick["cand_weights"],
                    pick["lengths"], pick["response_ids"])
-    return policy_loss(logp, pick["old_logp"], pick["advantages"], mask, ref_logp=pick["ref_logp"], cfg=CFG,
+    return policy_loss(logp, pick["old_logp"], pick["advantages"], mask, ref_logp=pick["ref_logp"],
+                       settings=LossSettings.of(CFG),
                        normalizer=normalizer)
 
 

@@ -68,7 +68,7 @@ def test_token_mean_per_rows_against_a_hand_computed_gradient():
     advantages = torch.tensor([1.0, -0.5, 2.0, -1.0])
     logp = torch.zeros(4, 4, requires_grad=True)
     cfg = replace(preset("tiny"), loss_agg="token-mean-per-rows", loss_agg_rows=2, kl_coef=0.0)
-    loss, _ = ngrpo.policy_loss(logp, logp.detach(), advantages, mask, cfg=cfg)
+    loss, _ = ngrpo.policy_loss(logp, logp.detach(), advantages, mask, settings=ngrpo.LossSettings.of(cfg))
     run_tokens = [4, 4, 6, 6]
     expected_loss = ((-1.0 * 1 + 0.5 * 3) / 4 + (-2.0 * 2 + 1.0 * 4) / 6) / 2
     assert loss.item() == pytest.approx(expected_loss, abs=1e-7)

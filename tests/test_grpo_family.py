@@ -81,7 +81,7 @@ def test_asymmetric_clip_regions():
     logp = torch.zeros(4, 1, requires_grad=True)
     old_logp = -torch.tensor([[math.log(r)] for r in ratios])
     loss, metrics = ngrpo.policy_loss(logp, old_logp, torch.tensor([1.0, 1.0, -1.0, -1.0]), torch.ones(4, 1),
-                                      cfg=config)
+                                      settings=ngrpo.LossSettings.of(config))
     loss.backward()
     assert_close(loss, (-1.2 - 1.24 + 0.86 + 0.84) / 4)
     assert_close(logp.grad, [-1.2 / 4, 0.0, 0.86 / 4, 0.0])
@@ -102,7 +102,7 @@ def test_loss_aggregation_on_a_ragged_batch(mode):
     config = replace(Config(), loss_agg=mode, kl_coef=0.0, max_new_tokens=4)
     logp = torch.zeros(3, 3, requires_grad=True)
     loss, _ = ngrpo.policy_loss(logp, torch.zeros(3, 3), torch.tensor([2.0, -1.0, 1.0]), torch.tensor(RAGGED_MASK),
-                                cfg=config)
+                                settings=ngrpo.LossSettings.of(config))
     loss.backward()
     expected_loss, expected_grad = AGGREGATED[mode]
     assert_close(loss, expected_loss)
@@ -115,7 +115,7 @@ def test_micro_batches_given_the_mini_batch_normalizer_add_up(mode):
     normalizer = torch.tensor(6.0 if mode == "token-mean" else 3.0)
     mask, advantages = torch.tensor(RAGGED_MASK), torch.tensor([2.0, -1.0, 1.0])
     parts = [ngrpo.policy_loss(torch.zeros(1, 3), torch.zeros(1, 3), advantages[i : i + 1], mask[i : i + 1],
-                               cfg=config, normalizer=normalizer)[0] for i in range(3)]
+                               settings=ngrpo.LossSettings.of(config), normalizer=normalizer)[0] for i in range(3)]
     assert_close(sum(parts), AGGREGATED[mode][0])
 
 

@@ -1,4 +1,4 @@
-"""The house rules of DESIGN.md section 1, checked on the source: every module opens with a docstring that says
+"""The house rules (README, "Where things are"), checked on the source: every module opens with a docstring that says
 what it is for, no function runs over 80 lines, no file over 800, and no two modules import each other
 (directly or round a longer circle, counting imports made inside functions)."""
 

@@ -1,4 +1,4 @@
-"""ngrpo.py (with its update, backward_minibatch): the GRPO update of DESIGN.md §3 against numbers computed by hand,
+"""ngrpo.py (with its update, backward_minibatch): the GRPO update of docs/algorithm.md against numbers computed by hand,
 the chunked log-probs against a plain full log_softmax, replay against the sampler's own log-probs, and a
 mini-batch gradient that does not depend on how it is split into micro-batches.
 
@@ -40,7 +40,8 @@ def loss_and_grad(log_ratios, advantages, mask=None, ref_diffs=None, **overrides
     mask = torch.ones_like(log_ratios) if mask is None else torch.tensor(mask, dtype=torch.float32)
     ref_logp = None if ref_diffs is None else -1.0 + torch.tensor(ref_diffs, dtype=torch.float32)
     loss, metrics = ngrpo.policy_loss(logp, old_logp, torch.tensor(advantages), mask, ref_logp=ref_logp,
-                                      cfg=cfg(kl_coef=0.0, **overrides) if ref_diffs is None else cfg(**overrides))
+                                      settings=ngrpo.LossSettings.of(cfg(kl_coef=0.0, **overrides) if ref_diffs is None
+                                                                     else cfg(**overrides)))
     loss.backward()
     return float(loss.detach()), {k: float(v) for k, v in metrics.items()}, logp.grad
 
@@ -239,7 +240,8 @@ def test_micro_batch_losses_divided_by_the_mini_batch_count_add_up_to_the_token_
     mask = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 0]])
     advantages = torch.tensor([2.0, -1.0])
     parts = [ngrpo.policy_loss(logp[i : i + 1], old_logp[i : i + 1], advantages[i : i + 1], mask[i : i + 1],
-                               cfg=config, normalizer=torch.tensor(4.0))[0] for i in range(2)]
+                               settings=ngrpo.LossSettings.of(config), normalizer=torch.tensor(4.0))[0]
+             for i in range(2)]
     # Row 2's ratios exp(-0.1), 1, exp(0.1) lie inside [0.8, 1.2]: -A * ratio each.
     expected = (-2.0 + math.exp(-0.1) + 1.0 + math.exp(0.1)) / 4
     assert_close(float(parts[0] + parts[1]), expected)

@@ -152,7 +152,8 @@ def weighted_loss(log_ratios, advantages, is_weights, *, ref_diffs=None, mask=No
     mask = torch.ones_like(log_ratios) if mask is None else torch.tensor(mask, dtype=torch.float32)
     ref_logp = None if ref_diffs is None else -1.0 + torch.tensor(ref_diffs)
     loss, _ = ngrpo.policy_loss(logp, -1.0 - log_ratios, torch.tensor(advantages), mask, ref_logp=ref_logp,
-                                cfg=cfg(**{"kl_coef": 0.0, **overrides}), is_weights=torch.as_tensor(is_weights))
+                                settings=ngrpo.LossSettings.of(cfg(**{"kl_coef": 0.0, **overrides})),
+                                is_weights=torch.as_tensor(is_weights))
     loss.backward()
     return float(loss.detach()), logp.grad
 
