@@ -23,7 +23,6 @@ micro-batch divides by the whole mini-batch's count, so the gradient does not de
 --rollout-is weighs each token's loss by pi_train(y) / pi_sampler(y) (off by default, as released).
 """
 
-import contextlib
 import math
 import sys
 from dataclasses import dataclass, fields, replace
@@ -424,11 +423,6 @@ def trimmed(rollout):
 # ----------------------------------------------------------------------------- the update
 
 
-def autocast(device: torch.device):
-    """bf16 autocast on GPU (weights and optimizer stay fp32); nothing on CPU, where all is fp32."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-
-
 @dataclass
 class Episodes:
     """A rollout and what the update needs beside it, row-aligned (N rows, T = the longest response)."""
@@ -467,7 +461,7 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p, entropy) [N, T] of every response token, replaying the recorded inputs through `model` (a
     Transformer, or the distributed.ModelCall that is FSDP's root) under autocast at the sampling
     temperature."""
-    with autocast(distributed.device_of(model)):
+    with distributed.autocast(distributed.device_of(model)):
         return distributed.run_model(model, sequence_logprobs, rollout.prompts, rollout.cand_ids,
                                      rollout.cand_weights, rollout.lengths, rollout.response_ids,
                                      temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens,
@@ -546,7 +540,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
         # Weights per row, from the row's own log-probs: the same whatever the micro-batch or the rank.
         is_weights = None if correction.mode == "none" else \
             importance_weights(old_logp, sampler_logp, response_mask, correction)[1]
-        with autocast(device):  # the forward only; backward runs in the dtypes the forward chose
+        with distributed.autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask,
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
                                         settings=LossSettings.of(cfg), normalizer=normalizer.to(device),

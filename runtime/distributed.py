@@ -19,6 +19,7 @@ is then the identity or a no-op, and the model is not sharded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -138,6 +139,11 @@ def run_model(model, fn, *args, **kwargs):
 def device_of(model) -> torch.device:
     """The device of a Transformer's (or a ModelCall's) parameters, or of this rank's shards."""
     return (model.model if isinstance(model, ModelCall) else model).embed_tokens.weight.device
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU (weights and optimizer stay fp32); nothing on CPU, where all is fp32."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

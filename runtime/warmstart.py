@@ -6,7 +6,6 @@ after RL. A real run starts from a trained model and skips it (--sft-steps 0).""
 import torch
 
 from data import PromptBatcher
-from ngrpo import autocast
 from replay import token_logprobs
 from rollout import Sampling, generate
 from runtime import distributed
@@ -62,7 +61,7 @@ def warm_start(model, problems: list[dict], tokenizer, cfg, device, pool, *, dev
         mask = torch.zeros_like(labels, dtype=torch.bool)  # [B, L - 1] the solution's tokens and its EOS
         for row, (p, a) in enumerate(zip(batch, answers)):
             mask[row, len(p["prompt_ids"]) - 1 : len(p["prompt_ids"]) - 1 + len(a)] = True
-        with autocast(device):
+        with distributed.autocast(device):
             logp, _ = distributed.run_model(model, lambda m: token_logprobs(
                 m.forward_hidden(ids[:, :-1]), m.output_weight, labels, chunk_tokens=cfg.logprob_chunk_tokens))
         loss = -(logp * mask).sum() / mask.sum()

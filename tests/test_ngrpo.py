@@ -1,5 +1,5 @@
-"""ngrpo.py (with its update, backward_minibatch): the GRPO update of docs/algorithm.md against numbers computed by hand,
-the chunked log-probs against a plain full log_softmax, replay against the sampler's own log-probs, and a
+"""ngrpo.py (with its update, backward_minibatch): the GRPO update of docs/algorithm.md against numbers computed by
+hand, the chunked log-probs against a plain full log_softmax, replay against the sampler's own log-probs, and a
 mini-batch gradient that does not depend on how it is split into micro-batches.
 
 Every expected number below is worked out from the formulas in plain Python on literal inputs."""

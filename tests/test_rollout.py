@@ -148,7 +148,8 @@ def assert_replay_reproduces(hf, rollout, *, temperature: float, greedy_anchor: 
 
 
 def test_code_weights_give_neighbors_a_large_share():
-    """The mixing weights (docs/algorithm.md, step 4): at tau = 1 a neighbor with p ~ 0 gets e / (e^p_a + 1) ~ 27-37% of the mixture."""
+    """The mixing weights (docs/algorithm.md, step 4): at tau = 1 a neighbor with p ~ 0 gets e / (e^p_a + 1), ~27-37%
+    of the mixture."""
     z = torch.tensor([[10.0, 0.0, 0.0, 0.0]])
     _, w = mixing_candidates(z, torch.tensor([[1], [0], [0], [0]]), num_neighbors=1, temperature=1.0)
     p_anchor = 1 / (1 + 3 * math.exp(-10))
