@@ -54,7 +54,7 @@ from runtime.checkpoint import (
     trim_metrics,
 )
 from runtime.guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
-from runtime.tracking import Tracker
+from runtime.tracking import Tracker, step_line
 from runtime.warmstart import held_out_accuracy, warm_start
 
 
@@ -392,7 +392,7 @@ def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
     except OSError as error:
         raise Refused(f"cannot write {metrics_path}: {reason(error, metrics_path)}") from None
     r.tracker.log(metrics, metrics["step"])
-    tqdm.write(format_line(metrics), file=sys.stdout)
+    tqdm.write(step_line(metrics), file=sys.stdout)
     if metrics["skipped_minibatches"]:
         tqdm.write(f"warning: step {metrics['step']}: {metrics['skipped_minibatches']} mini-batch(es) skipped: "
                    f"non-finite loss or gradient (loss {metrics.get('loss', float('nan'))})", file=sys.stderr)
@@ -415,18 +415,6 @@ def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
             tqdm.write(f"  reward {record['reward']:.0f} | reference {problem['answer']!r} | extracted "
                        f"{record['extracted']!r} | response ...{text[-160:]!r}", file=sys.stdout)
     r.tracker.log_completions(logged, metrics["step"])
-
-
-def format_line(m: dict) -> str:
-    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"loss {m.get('loss', float('nan')):+.4f}",
-             f"len {m['response_len_mean']:.0f}", f"mix {m['mix_rate']:.3f}", f"ent {m.get('entropy', 0.0):.2f}",
-             f"gn {m.get('grad_norm', 0.0):.2f}", f"{m['step_s']:.1f}s"]
-    if "kl" in m:
-        parts.insert(3, f"kl {m['kl']:.4f}")
-    if "held_out_accuracy" in m:
-        parts.append(f"held-out {m['held_out_accuracy']:.3f}")
-    parts += [f"{key[4:]} {value:.3f}" for key, value in m.items() if key.startswith("val/") and "/mean@" in key]
-    return " | ".join(parts)
 
 
 def validate(r: Run, step: int) -> dict:

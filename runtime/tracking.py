@@ -98,6 +98,19 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def step_line(m: dict) -> str:
+    """The console line of a step's metrics (train.py prints it after each step)."""
+    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"loss {m.get('loss', float('nan')):+.4f}",
+             f"len {m['response_len_mean']:.0f}", f"mix {m['mix_rate']:.3f}", f"ent {m.get('entropy', 0.0):.2f}",
+             f"gn {m.get('grad_norm', 0.0):.2f}", f"{m['step_s']:.1f}s"]
+    if "kl" in m:
+        parts.insert(3, f"kl {m['kl']:.4f}")
+    if "held_out_accuracy" in m:
+        parts.append(f"held-out {m['held_out_accuracy']:.3f}")
+    parts += [f"{key[4:]} {value:.3f}" for key, value in m.items() if key.startswith("val/") and "/mean@" in key]
+    return " | ".join(parts)
+
+
 class Tracker:
     """Mirrors a run's metrics, config and sampled completions to the chosen backends."""
 
