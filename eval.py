@@ -286,7 +286,7 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
 class Pace:
     """How long the whole evaluation will take, told once (a --n of 100,000 would otherwise run for hours without
     a word), when that is a minute or more: at the mean pace of the batches after the first (its warm-up is not
-    the pace), once 3 of them and 20 s or a tenth of the batches have run. One batch is no pace: a row that runs
+    the pace), once 3 of them and 5 s or a tenth of the batches have run. One batch is no pace: a row that runs
     to --max-new-tokens makes its batch many times as long as the others."""
 
     rounds: int  # this rank's batches of the whole evaluation
@@ -306,7 +306,7 @@ class Pace:
             self.warmed_up = True
             return
         self.timed, self.timed_s = self.timed + 1, self.timed_s + seconds
-        if self.told or self.timed < 3 or (self.timed_s < 20 and self.timed < self.rounds / 10):
+        if self.told or self.timed < 3 or (self.timed_s < 5 and self.timed < self.rounds / 10):
             return
         self.told = True
         elapsed_s = time.perf_counter() - self.start_s

@@ -693,8 +693,9 @@ def start_fresh(r: Run) -> int:
     """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
     if r.cfg.model == "tiny" and r.cfg.sft_steps == 0:  # else the zeros below look like a broken run
         say(r.world, "note: --model tiny is a random model and --sft-steps 0 teaches it nothing first: it cannot "
-                     "answer, so its rewards stay 0, every group's advantages are 0 and so is the gradient (gn "
-                     "0.00). Such a run checks the code paths; --preset demo warm-starts it so that RL can learn.")
+                     "answer, so its rewards stay at 0 (or near it), and with them every group's advantages and the "
+                     "gradient (gn 0.00). Such a run checks the code paths; --preset demo warm-starts it so that RL "
+                     "can learn.")
     if r.cfg.sft_steps > 0:
         # The dev checks decode with the policy itself, or under torchrun with an unsharded copy of it.
         dev_model = (lambda: r.policy) if not r.world.distributed else \

@@ -224,7 +224,15 @@ def test_a_hub_failure_names_the_argument_and_the_offline_way(tmp_path, capsys, 
     message = error_line(E.main, ["--model", "tiny", "--benchmarks", "aime24", "--out-dir", str(tmp_path / "a")],
                          capsys)
     assert "--benchmarks aime24" in message and "HF_HUB_OFFLINE=1" in message
-    monkeypatch.setattr(M, "resolve_checkpoint", unreachable)
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def no_hub(*args, **kwargs):  # what snapshot_download raises when the hub does not answer
+        raise LocalEntryNotFoundError("Got: ConnectError: [Errno -3] Temporary failure in name resolution\nAn error")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
     message = error_line(train.main, ["--preset", "tiny", "--model", "owner/name", "--tokenizer", "tiny",
                                       "--out-dir", str(tmp_path / "t")], capsys)
-    assert "--model owner/name" in message and "HF_HUB_OFFLINE=1" in message
+    assert message.startswith("error: cannot load --model owner/name: owner/name is a Hugging Face hub id, but the "
+                              "hub did not answer (ConnectError: [Errno -3] Temporary failure in name resolution)")
+    assert message.endswith("; pass a local checkpoint directory (config.json and *.safetensors), or 'tiny' instead")

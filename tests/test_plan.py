@@ -153,14 +153,14 @@ def test_a_hub_id_downloads_only_its_config(monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(SMALL.to_hf()))
     asked = []
 
-    def fake_download(repo_id, filename, **kwargs):
-        asked.append((repo_id, filename))
-        return str(tmp_path / "config.json")
+    def fake_snapshot(repo_id, **kwargs):  # one request, then the cache (hf_hub_download retried for 27 s)
+        asked.append((repo_id, kwargs["allow_patterns"]))
+        return str(tmp_path)
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("downloaded weights"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("retrying download"))
     assert plan.model_config("some-org/some-model") == SMALL
-    assert asked == [("some-org/some-model", "config.json")]
+    assert asked == [("some-org/some-model", ["config.json"])]
 
 
 def test_model_accepts_a_directory_or_a_config_json(tmp_path):

@@ -294,7 +294,8 @@ def test_a_long_evaluation_says_how_long_it_will_take(tmp_path):
     finally:
         process.kill()
         process.communicate()
-    assert line.startswith("eval: 2 problems x --n 100000 = 200000 samples in 12500 batches; at ")
+    assert line.startswith("eval: 200000 samples in 12500 batches, ") and " to go, " in line
+    assert line.endswith(" in all (lower --n or --limit to shorten it)\n")
     assert "\r" not in line  # stderr is a pipe here: no progress bar before it
 
 
