@@ -71,17 +71,22 @@ NOT_AS_WRITTEN = {  # the command as written -> (what it needs, what runs instea
     "python bench.py manifest": ("minutes and 4 GiB of disk", "python bench.py manifest --gb 0.03 --repeats 1"),
     "bash .ci/gpu-checks STAGE OUT_DIR": ("a GPU", "bash -n .ci/gpu-checks"),
     "bash .ci/gpu-checks plan OUT_DIR": ("a GPU", "bash -n .ci/gpu-checks"),
-    "python analysis.py diversity EVAL_DIR [EVAL_DIR ...]": ("placeholders", "python analysis.py diversity evals/a"),
-    "python analysis.py compare RUN_A RUN_B [--out FILE]":
-        ("placeholders", "python analysis.py compare evals/a evals/b --out evals/compare.json"),
-    "python analysis.py compare runs/sweeps/demo-tiny/n-grpo/seed-0/eval-n-grpo "
+    "python -m research.analysis diversity EVAL_DIR [EVAL_DIR ...]":
+        ("placeholders", "python -m research.analysis diversity evals/a"),
+    "python -m research.analysis compare RUN_A RUN_B [--out FILE]":
+        ("placeholders", "python -m research.analysis compare evals/a evals/b --out evals/compare.json"),
+    "python -m research.analysis compare runs/sweeps/demo-tiny/n-grpo/seed-0/eval-n-grpo "
     "runs/sweeps/demo-tiny/grpo/seed-0/eval-grpo": ("the demo sweep's runs (minutes)",
-                                                    "python analysis.py compare evals/a evals/b"),
-    "python experiments.py SWEEP.json": ("a placeholder", "python experiments.py sweeps/demo-tiny.json --dry-run"),
-    "python experiments.py sweeps/demo-tiny.json": ("minutes", "python experiments.py sweeps/demo-tiny.json --dry-run"),
-    "python plot.py RUN [RUN ...] --out DIR": ("placeholders", "python plot.py runs/tiny-a runs/tiny-b --out plots"),
-    "python plot.py runs/sweeps/demo-tiny/*/seed-* --out plots/":
-        ("the demo sweep's runs (minutes)", "python plot.py runs/tiny-a runs/tiny-b --out plots/"),
+                                                    "python -m research.analysis compare evals/a evals/b"),
+    "python -m research.experiments SWEEP.json":
+        ("a placeholder", "python -m research.experiments sweeps/demo-tiny.json --dry-run"),
+    "python -m research.experiments sweeps/demo-tiny.json":
+        ("minutes", "python -m research.experiments sweeps/demo-tiny.json --dry-run"),
+    "python -m research.plot RUN [RUN ...] --out DIR":
+        ("placeholders", "python -m research.plot runs/tiny-a runs/tiny-b --out plots"),
+    "python -m research.NAME": ("a placeholder", "python -m research.analysis --help"),
+    "python -m research.plot runs/sweeps/demo-tiny/*/seed-* --out plots/":
+        ("the demo sweep's runs (minutes)", "python -m research.plot runs/tiny-a runs/tiny-b --out plots/"),
     **{f"pip install {name}": ("the package index", f"pip install --dry-run --no-index {name}")
        for name in ("torch==2.13.0", "math-verify", "matplotlib", "tensorboard", "wandb")},
 }
@@ -200,8 +205,13 @@ def run(command: str, repo: Path, monkeypatch, capsys) -> tuple[int, str, str]:
             patch.setattr(sys, "argv", words[1:])
             patch.setattr(sys, "path", [*sys.path, str(repo)])  # last: the modules already imported stay
             capsys.readouterr()
+            if words[1] == "-m":  # python -m package.module: its own argv[0] is the module's path
+                patch.setattr(sys, "argv", [words[2], *words[3:]])
             try:
-                runpy.run_path(str(repo / words[1]), run_name="__main__")
+                if words[1] == "-m":
+                    runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(str(repo / words[1]), run_name="__main__")
                 status = 0
             except SystemExit as stop:
                 status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
