@@ -41,15 +41,14 @@ from tqdm import tqdm
 import model as M
 from model import KVCache
 from strategies import (
-    COIN,
     EXPLORERS,
-    TOKEN,
     Exploration,
     RowDraws,
     StepView,
     candidate_table,
     neighbor_candidates,
     seed_state,
+    step_uniforms,
 )
 
 
@@ -188,6 +187,7 @@ class Decoder:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.captures = 0  # graphs captured so far (a reused decoder captures none)
         self.ops = M.decode_ops(compile_backend)
+        self.uniforms = step_uniforms_for(compile_backend)  # the step's two draws (compiled: one kernel)
         self.verified = False  # a first step ran (with the compiled functions and FlashAttention, or without)
         self.flash = None  # how FlashAttention's kernel runs the attention (M.FlashDecode), where it can
         self.flash_timings: dict[str, float] = {}  # its two layouts' milliseconds here (the faster is used)
@@ -244,7 +244,7 @@ class Decoder:
     def run_step(self, model, sampler: Sampler, window: int | None) -> None:
         """One step as written (what a graph captures): sample from `logits`, record, feed, new `logits`."""
         inputs, positions = sampler(self.logits, self.state, self.rings[sampler.exploration.num_candidates],
-                                    self.ring_pos)
+                                    self.ring_pos, self.uniforms)
         hidden = M.decode_hidden(model, inputs, positions, self.cache, ops=self.ops, window=window, flash=self.flash)
         self.logits.copy_(F.linear(hidden, model.output_weight))
 
@@ -275,7 +275,7 @@ class Decoder:
         compile_errors = (torch._dynamo.exc.TorchDynamoException,
                           getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", torch._dynamo.exc.TorchDynamoException))
         if self.ops is not M.decode_ops(None) and isinstance(error, compile_errors):
-            self.ops = M.decode_ops(None)
+            self.ops, self.uniforms = M.decode_ops(None), step_uniforms
             return "torch.compile"
         if self.flash is not None and isinstance(error, RuntimeError):
             self.flash = None
@@ -333,6 +333,18 @@ def weight_pointers(model) -> tuple[int, ...]:
     return tuple(p.data_ptr() for p in model.parameters())
 
 
+_STEP_UNIFORMS: dict[object, object] = {}  # compile backend -> strategies.step_uniforms compiled by it
+
+
+def step_uniforms_for(backend) -> object:
+    """step_uniforms as written (backend None) or compiled with dynamic sizes: one per backend and process."""
+    if backend is None:
+        return step_uniforms
+    if backend not in _STEP_UNIFORMS:
+        _STEP_UNIFORMS[backend] = M.compiled(step_uniforms, backend)
+    return _STEP_UNIFORMS[backend]
+
+
 def compile_backend(device: torch.device) -> str | None:
     """The backend that compiles the decode step's elementwise functions: inductor on a GPU (fused kernels);
     on a CPU none (compiling costs more than it saves there, and the eager functions are the reference)."""
@@ -362,6 +374,7 @@ def release_decoder(model) -> None:
 PREFILL_TOKENS = 16384  # prompt tokens (rows x their longest prompt) per prefill forward
 MIN_WINDOW = 64  # the shortest attention window of a decode step
 SYNC_EVERY = 8  # decode steps between the loop's host syncs (to retire finished rows and admit waiting ones)
+CDF_BLOCK = 128  # tokens per block of sample_tokens' two-level inverse CDF
 CACHE_ROUND = 256  # the KV cache's positions per row are rounded up to a multiple of this (runtime/plan.py counts it)
 
 
@@ -490,14 +503,31 @@ class Schedule:
 def sample_tokens(probs: torch.Tensor, uniform: torch.Tensor | None) -> torch.Tensor:
     """One token per row from p [B, V]: argmax p (greedy) when uniform is None, else the inverse CDF at
     uniform [B] (float64 in (0, 1)): the token whose interval of the cumulative sum of p holds u * sum p.
-    The sum runs in float64, so every token with p > 0 keeps an interval of its exact width to ~1e-16 and
-    a filtered-out token (p = 0) has none. One uniform per row: no [B, V] of random numbers to make."""
+    The sums run in float64, so every token with p > 0 keeps an interval of its exact width to ~1e-16 and
+    a filtered-out token (p = 0) has none. One uniform per row: no [B, V] of random numbers to make.
+
+    No scan along V: the blocks of CDF_BLOCK tokens are summed (a reduction, which a GPU runs in parallel), the
+    uniform picks a block from the scan of those sums, then a token from the scan of that one block. On an H100 a
+    scan along V per row took 0.29-0.49 ms at B = 64 (a GPU scans a row in sequence), and scanning every block
+    materialised [B, V] float64 twice."""
     if uniform is None:
         return probs.argmax(-1)
-    cdf = probs.double().cumsum(-1)  # [B, V]
-    total = cdf[:, -1:]
-    target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))  # < total
-    return torch.searchsorted(cdf, target, right=True)[:, 0]  # the first token whose cdf exceeds target
+    B, V = probs.shape
+    n = -(-V // CDF_BLOCK)
+    if n * CDF_BLOCK != V:
+        probs = F.pad(probs, (0, n * CDF_BLOCK - V))  # zero mass: never drawn
+    blocks = probs.view(B, n, CDF_BLOCK)
+    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, n]
+    total = block_cdf[:, -1:]
+    target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))  # [B, 1] < total
+    block = torch.searchsorted(block_cdf, target, right=True)  # [B, 1]: the first block whose cdf exceeds target
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)  # [B, 1]
+    inside = blocks.gather(1, block[..., None].expand(B, 1, CDF_BLOCK))[:, 0]  # [B, CDF_BLOCK]
+    token = torch.searchsorted(before + inside.double().cumsum(-1), target, right=True)  # [B, 1]
+    # The block's sum by reduction and by scan may differ in the last bit: a target in that sliver would land
+    # past the block; it takes the block's last token with p > 0 (the block holds one: its sum exceeds 0).
+    last = torch.where(inside > 0, torch.arange(CDF_BLOCK, device=probs.device), -1).amax(-1, keepdim=True)
+    return (block * CDF_BLOCK + torch.minimum(token, last))[:, 0]
 
 
 STEP_FIELDS = ("response_ids", "logprobs", "cand_ids", "cand_weights", "mixed", "noise_keys", "noise_scales")
@@ -598,9 +628,10 @@ class Sampler:
     def __post_init__(self):
         self.stop_ids = torch.tensor(self.sampling.stop_ids or [-1], device=self.embed.device)
 
-    def __call__(self, logits: torch.Tensor, state: Slots, ring: StepRing,
-                 ring_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step from each slot's logits [S, V]: the next inputs [S, d] and the cache slots [S] they go to."""
+    def __call__(self, logits: torch.Tensor, state: Slots, ring: StepRing, ring_pos: torch.Tensor,
+                 uniforms=step_uniforms) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from each slot's logits [S, V]: the next inputs [S, d] and the cache slots [S] they go to.
+        uniforms: strategies.step_uniforms, or the same compiled (Decoder.uniforms)."""
         s, x = self.sampling, self.exploration
         greedy = s.temperature == 0
         tau = 1.0 if greedy else s.temperature
@@ -608,7 +639,8 @@ class Sampler:
         scaled = filtered_logits(logits, tau, s.top_k, s.top_p)  # [S, V]
         probs = scaled.softmax(-1)
         draws = RowDraws(self.seed, state.key, state.length.clone())
-        token = sample_tokens(probs, None if greedy else draws.uniform(TOKEN, 1)[:, 0])
+        token_u, coin_u = uniforms(self.seed, state.key, state.length)  # = draws.uniform(TOKEN / COIN, 1)[:, 0]
+        token = sample_tokens(probs, None if greedy else token_u)
         token = torch.where(live, token, s.pad_id)  # [S]
         # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
         # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)
@@ -617,7 +649,7 @@ class Sampler:
         state.finished |= live & (token[:, None] == self.stop_ids).any(-1)
         if x.stop_mixing_id is not None:  # the step that samples it is not mixed either
             state.mixing_on &= token != x.stop_mixing_id
-        view = StepView(x, scaled, probs, token, live & state.mixing_on, draws.uniform(COIN, 1)[:, 0], tau,
+        view = StepView(x, scaled, probs, token, live & state.mixing_on, coin_u, tau,
                         self.embed, self.cand_table, draws)
         mixture = EXPLORERS[x.strategy](view)
         if x.feed == "replay-only":  # the same record, but the sampled token is fed (docs/algorithm.md, "--mix-feed")

@@ -137,6 +137,15 @@ class RowDraws:
         return normal_from_keys(self.keys(stream), n)
 
 
+def step_uniforms(seed_state: torch.Tensor, row_keys: torch.Tensor,
+                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two draws every decode step takes, [B] float64 each: the token's (TOKEN) and the mixing coin's (COIN),
+    RowDraws(seed_state, row_keys, positions).uniform(stream, 1)[:, 0]. One function, so that torch.compile makes
+    the ~80 small integer operations of their hashing one kernel (rollout.Decoder does on a GPU)."""
+    draws = RowDraws(seed_state, row_keys, positions)
+    return draws.uniform(TOKEN, 1)[:, 0], draws.uniform(COIN, 1)[:, 0]
+
+
 def bits_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
     """[..., n] int64 random bits from keys [...]: splitmix64's outputs 1..n from each key."""
     index = torch.arange(1, n + 1, device=keys.device) * GOLDEN  # [n]

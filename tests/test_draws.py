@@ -89,3 +89,31 @@ def test_a_token_of_probability_0_is_never_drawn_even_at_the_extreme_uniforms():
     uniforms = bits_to_uniform(torch.tensor([0, -1, 2**62]))  # the smallest, the largest, and 0.25
     assert sample_tokens(p, uniforms).tolist() == [1, 3, 1]
 
+
+
+def test_the_two_level_inverse_cdf_draws_what_one_scan_along_the_vocabulary_draws():
+    """Against the definition (the first token whose float64 cumulative sum exceeds u * sum p, one scan per row):
+    a vocabulary that is no multiple of the block, whole blocks of p = 0, a single token, the mass in the last,
+    partial block. Exactly at a block's edge the two sums round differently (the last bit): there either token
+    beside the edge with p > 0 is right, and never a token of p = 0."""
+    torch.manual_seed(0)
+    V = 1000
+    p = torch.rand(6, V) ** 4
+    p[:, 128:384] = 0  # two whole blocks with no mass
+    p[1, :900] = 0  # the mass only in the last, partial block
+    p[2] = 0
+    p[2, 129] = 1.0  # a single token
+    p[3, ::7] = 0
+    probs = p.repeat_interleave(500, 0)
+    uniforms = bits_to_uniform(torch.randint(-2**63, 2**63 - 1, (len(probs),)))
+    cdf = probs.double().cumsum(-1)  # the reference, one scan per row
+    total = cdf[:, -1:]
+    target = torch.minimum(uniforms[:, None] * total, total.nextafter(torch.zeros_like(total)))
+    assert torch.equal(sample_tokens(probs, uniforms), torch.searchsorted(cdf, target, right=True)[:, 0])
+
+    edge = (cdf[:, 127] / total[:, 0]).clamp(max=1 - 2**-53)  # u at the end of the first block
+    drawn = sample_tokens(probs, edge)
+    assert bool((probs.gather(1, drawn[:, None]) > 0).all())
+    before = torch.where(probs[:, :128] > 0, torch.arange(128), -1).amax(-1)  # the last token with p > 0 up to it
+    after = torch.where(probs[:, 128:] > 0, torch.arange(128, V), V).amin(-1)  # the first after it
+    assert bool(((drawn == before) | (drawn == after) | (total[:, 0] == cdf[:, 127])).all())

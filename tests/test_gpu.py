@@ -182,6 +182,25 @@ def test_a_decode_step_never_waits_for_the_host(models):
     assert int(decoder.state.length.sum()) == len(PROMPTS) * rollout.SYNC_EVERY
 
 
+def test_the_steps_draws_and_token_choice_on_the_gpu_equal_the_cpus():
+    """The decode step's draws compiled for the GPU (one kernel) are the CPU's bit for bit, and the two-level
+    inverse CDF on the GPU picks the CPU's tokens, at the real vocabulary's size (151,936: 1,187 blocks)."""
+    from strategies import bits_to_uniform, seed_state, step_uniforms
+
+    keys, positions = torch.arange(64) * 7 + 3, torch.arange(64) % 13
+    seed = torch.tensor(seed_state((5, 2)))
+    compiled = rollout.step_uniforms_for("inductor")
+    on_gpu = compiled(seed.cuda(), keys.cuda(), positions.cuda())
+    for gpu, cpu in zip(on_gpu, step_uniforms(seed, keys, positions)):
+        assert torch.equal(gpu.cpu(), cpu)
+    g = torch.Generator().manual_seed(0)
+    probs = (torch.randn(64, 151_936, generator=g) * 3).softmax(-1)
+    probs[:8, :50_000] = 0  # rows whose first blocks hold nothing
+    uniforms = bits_to_uniform(torch.randint(-2**63, 2**63 - 1, (64,), generator=g))
+    on_gpu = rollout.sample_tokens(probs.cuda(), uniforms.cuda()).cpu()
+    assert torch.equal(on_gpu, rollout.sample_tokens(probs, uniforms))
+
+
 def test_the_fused_log_prob_kernels_equal_the_log_softmax_path():
     """On a GPU replay.token_logprobs runs compiled kernels (logprob_stats, logits_grad); their log-probs, entropies
     and gradients equal the CPU's log_softmax path on the same numbers (fp32), with a temperature and a last

@@ -509,6 +509,7 @@ def test_the_compiled_step_compiles_once_whatever_the_rows_lengths_and_cache(mod
     counters.clear()
     monkeypatch.setattr(rollout, "compile_backend", lambda device: "eager")
     M._DECODE_OPS.pop("eager", None)  # fresh compiled functions for this test
+    rollout._STEP_UNIFORMS.pop("eager", None)
     rollout.release_decoder(ours)
     sampling = Sampling(temperature=1.0, max_new_tokens=70)  # windows 64 and 128
     compiled = generate(ours, PROMPTS, sampling, seed=4)
@@ -527,6 +528,7 @@ def test_the_compiled_step_compiles_once_whatever_the_rows_lengths_and_cache(mod
         assert torch.equal(getattr(compiled, name), getattr(plain, name)), name
     rollout.release_decoder(ours)
     M._DECODE_OPS.pop("eager", None)
+    rollout._STEP_UNIFORMS.pop("eager", None)
 
 
 @torch.no_grad()
@@ -545,6 +547,7 @@ def test_a_decoder_whose_compiled_functions_fail_decodes_without_them(models, mo
         fallen_back = generate(ours, PROMPTS, sampling, seed=9)
     rollout.release_decoder(ours)
     M._DECODE_OPS.pop(broken_backend, None)
+    rollout._STEP_UNIFORMS.pop(broken_backend, None)
     monkeypatch.setattr(rollout, "compile_backend", lambda device: None)
     plain = generate(ours, PROMPTS, sampling, seed=9)
     for name in rollout.ROW_TENSORS:
