@@ -253,7 +253,15 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
             items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
             batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
             rounds = range(0, len(batches), world.size)
-            bar = tracking.progress(rounds, desc=name, unit="batch", disable=not (progress and world.is_main))
+            # Rounds a --resume finds done are skipped, not run through the bar: counted as instant, they would make
+            # its rate and time to go look many times faster than sampling is. Every rank skips the same (same done).
+            todo = [first for first in rounds if not all((name, problems[i]["id"], s) in done
+                                                         for batch in batches[first : first + world.size]
+                                                         for _, i, s in batch)]
+            for _ in range(len(rounds) - len(todo)):
+                pace.batch_done(0.0, generated=False)
+            bar = tracking.progress(todo, total=len(rounds), initial=len(rounds) - len(todo), desc=name, unit="batch",
+                                    disable=not (progress and world.is_main))
             for first in bar:
                 mine, start = ([], 0), time.perf_counter()
                 if first + world.rank < len(batches):

@@ -195,7 +195,8 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
                 command = command[:2] + ["--model", model] + command[2:]
             label = f"[{count}/{total}] {job['run']} seed {job['seed']}: {what}"
             if dry_run:
-                print(f"{label}\n  {shlex.join(command[1:])}")  # quoted: an empty value shows as ''
+                # pasteable: `python` for this interpreter's path; quoted, so an empty value shows as ''
+                print(f"{label}\n  {shlex.join(['python', *command[1:]])}")
                 continue
             start = time.perf_counter()
             ran = run_step(command, step_dir, done_file, log_name, resume_when)

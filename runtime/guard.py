@@ -48,10 +48,16 @@ def exclusive(out_dir: Path, program: str):
         os.close(fd)
         raise Refused(f"--out-dir {out_dir} is in use by another run ({holder}); wait for it to end, stop it, or "
                       "pass another --out-dir") from None
+    found = os.pread(fd, 4096, 0)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{program}, pid {os.getpid()}\n".encode(), 0)
         yield
+    except BaseException:  # a run refused (or failed) leaves the file as it found it: a refusal changes no byte
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, found, 0)
+        raise
     finally:
         with contextlib.suppress(OSError):  # a run that stopped before writing anything leaves no out-dir
             if created and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]:

@@ -177,6 +177,32 @@ def test_resume_after_an_interruption_gives_the_same_results(tmp_path):
     assert (tmp_path / "cut" / "results.json").read_text() == (tmp_path / "whole" / "results.json").read_text()
 
 
+def test_a_resumed_evaluations_bar_starts_at_what_was_done_and_times_only_what_runs(tmp_path, monkeypatch):
+    """The batches a --resume finds done are the bar's starting count, not instant steps of it: counted as steps,
+    they made its rate and its time to go several times too fast (a resumed run showed 4 s to go and took 14)."""
+    tokenizer = data.tiny_tokenizer()
+    problems = [{"id": str(i), "problem": "x" * (i % 5 + 1), "answer": str(i % 2)} for i in range(20)]
+    problems, _ = data.tokenize_problems(problems, tokenizer, max_prompt_tokens=1000)
+    benchmarks = [("toy", problems, "math")]
+    cut_fn, _ = seeded_stand_in(stop_after=5)
+    with pytest.raises(Interrupted):
+        E.evaluate(benchmarks, cut_fn, n=4, out_dir=tmp_path, batch_size=7, seed=3, score_fn=score, progress=False)
+    bars, real_progress = [], E.tracking.progress
+
+    def kept_progress(iterable, **kwargs):
+        bars.append((list(iterable), kwargs))
+        return real_progress(bars[-1][0], **{**kwargs, "disable": True})
+
+    monkeypatch.setattr(E.tracking, "progress", kept_progress)
+    rest_fn, rest_calls = seeded_stand_in()
+    E.evaluate(benchmarks, rest_fn, n=4, out_dir=tmp_path, batch_size=7, seed=3, score_fn=score, resume=True,
+               progress=True)
+    (steps, kwargs), = bars
+    rounds = math.ceil(80 / 7)
+    assert kwargs.get("total") == rounds and kwargs.get("initial") == 5  # starts at the 5 batches done
+    assert len(steps) == len(rest_calls) == rounds - 5  # and takes a step only for each batch that runs
+
+
 @pytest.fixture(scope="module")
 def tiny_sampler():
     """eval.py's generate_fn on the tiny random model, sampling at temperature 1 with no nucleus, and a

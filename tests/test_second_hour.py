@@ -6,6 +6,7 @@ run's folder and the built-in arith sets; checkpoints follow the umask; --help s
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -50,6 +51,7 @@ def test_a_preset_run_never_deletes_another_run(tmp_path, capsys, demo_run):
     out = tmp_path / "my-real-run"
     shutil.copytree(demo_run, out)
     assert {"completions.jsonl", "warm_start", "checkpoints", "summary.json"} <= {p.name for p in out.iterdir()}
+    (out / ".lock").write_text("train.py, pid 1\n")  # as another process's run left it
     before = snapshot(out)
     message = error_line(train.main, [*TINY, "--max-steps", "1", "--out-dir", str(out)], capsys)
     assert message.startswith(f"error: {out} holds checkpoints of an earlier run (latest: step-1)")
@@ -336,3 +338,6 @@ def test_a_dry_run_writes_nothing(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("train.py --preset demo") == 4 and "arith-n-200-max-count-5.jsonl" in printed
     assert not out.exists()
+    commands = [shlex.split(line) for line in printed.splitlines() if line.startswith("  ")]
+    assert len(commands) == 8  # each pasteable as printed: python, then a script that exists
+    assert all(command[0] == "python" and Path(command[1]).is_file() for command in commands)
