@@ -255,9 +255,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
             rounds = range(0, len(batches), world.size)
             # Rounds a --resume finds done are skipped, not run through the bar: counted as instant, they would make
             # its rate and time to go look many times faster than sampling is. Every rank skips the same (same done).
-            todo = [first for first in rounds if not all((name, problems[i]["id"], s) in done
-                                                         for batch in batches[first : first + world.size]
-                                                         for _, i, s in batch)]
+            todo = [first for first in rounds if not all(batch_done(name, problems, batch, done)
+                                                         for batch in batches[first : first + world.size])]
             for _ in range(len(rounds) - len(todo)):
                 pace.batch_done(0.0, generated=False)
             bar = tracking.progress(todo, total=len(rounds), initial=len(rounds) - len(todo), desc=name, unit="batch",
@@ -371,9 +370,9 @@ def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) ->
     """Generates and scores one batch of (prompt length, problem index, sample) items; returns the records
     of the samples not yet in `done` (a batch of another --batch-size may have done part of this one) and
     the number of tokens generated."""
-    keys = [(name, problems[i]["id"], s) for _, i, s in batch]
-    if all(key in done for key in keys):
+    if batch_done(name, problems, batch, done):
         return [], 0
+    keys = [(name, problems[i]["id"], s) for _, i, s in batch]
     texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed,
                                     [sample_key(i, s) for _, i, s in batch])
     scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
@@ -382,6 +381,11 @@ def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) ->
                 "correct": bool(score)}
                for (_, i, _), key, text, score in zip(batch, keys, texts, scores) if key not in done]
     return records, num_tokens
+
+
+def batch_done(name, problems, batch, done) -> bool:
+    """Whether every (problem, sample) of the batch is in `done` (written by an earlier run that --resume reads)."""
+    return all((name, problems[i]["id"], s) in done for _, i, s in batch)
 
 
 def extracted_answer(text: str, kind: str) -> str | None:

@@ -169,7 +169,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
                        failed=bool(skipped and not result))
     if max_steps > start_step:
         save_checkpoint(r, max_steps)
-    return finish(r, r.metrics_path)
+    return finish(r)
 
 
 def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
@@ -226,7 +226,7 @@ def after_step(r: Run, watch: Watch, step: int, max_steps: int, groups: Groups, 
         keep_if_best(r, step, metrics)
     metrics["step_s"] = time.perf_counter() - step_start
     if r.world.is_main:
-        log_step(r, r.metrics_path, metrics, groups)
+        log_step(r, metrics, groups)
     watch.failed_in_a_row = watch.failed_in_a_row + 1 if failed else 0
     watch.scoreless_in_a_row = check_scored(r, groups, step, watch.scoreless_in_a_row)
     if watch.failed_in_a_row >= 3:
@@ -383,9 +383,10 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
     return metrics
 
 
-def log_step(r: Run, metrics_path: Path, metrics: dict, groups: Groups) -> None:
+def log_step(r: Run, metrics: dict, groups: Groups) -> None:
     """Appends the step to metrics.jsonl, prints its line, reports skipped mini-batches at once, and every
     --log-completions-every steps prints two completions and appends them to completions.jsonl."""
+    metrics_path = r.metrics_path
     try:
         with metrics_path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")
@@ -466,7 +467,7 @@ def keep_if_best(r: Run, step: int, metrics: dict) -> None:
     r.summary["best"] = {"step": step, "metric": name, "value": metrics[name]}
 
 
-def finish(r: Run, metrics_path: Path | None) -> dict:
+def finish(r: Run) -> dict:
     """The held-out accuracy after training, summary.json, and the final summary line (rank 0 writes and
     prints; every rank returns rank 0's summary)."""
     if r.held_out:
@@ -478,7 +479,7 @@ def finish(r: Run, metrics_path: Path | None) -> dict:
         return distributed.broadcast_object(None, r.world)
     if (r.out_dir / "best" / "best.json").exists():
         r.summary["best"] = json.loads((r.out_dir / "best" / "best.json").read_text())
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    history = [json.loads(line) for line in r.metrics_path.read_text().splitlines()]
     last = history[-5:]
     r.summary.update(steps=len(history), reward_first=history[0]["reward_mean"] if history else None,
                      final_reward_mean=sum(m["reward_mean"] for m in last) / max(len(last), 1))
