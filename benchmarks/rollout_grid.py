@@ -6,7 +6,9 @@
    ours (the library's default path: rollout.generate, CUDA graphs reused across calls), ours with neighbor
    mixing, ours eager (no graph), transformers' `generate`; interleaved (round-robin), so that drift in the
    machine's speed hits all alike. The first configuration's first call of ours is the cold start (compiles,
-   graph capture): its time is the rollout's warm-up.
+   graph capture): its time is the rollout's warm-up (warm_up_compile_s: torch.compile's part of it). With
+   --hf-whole-max-s, transformers' rollouts that would take longer are estimated from its decode step at their
+   mean window (hf_sampled), and say so.
 3. The decode step (rollout.Decoder) at --batch-for-steps rows at each attention window up to the longest
    prompt + response, graphed, against its memory floor: the bytes one step must read (every weight but the
    input embedding, whose B rows are gathered; the K and V of the window) and write (fp32 logits), over the copy
@@ -197,7 +199,6 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
 
 def implementations(model, twin, prompts, seed: int) -> dict:
     """impl -> a function of the number of new tokens that runs one whole rollout of `prompts` [B, P]."""
-    import torch
 
     from neighbors import build_neighbor_table
     from rollout import Exploration, Sampling, generate
@@ -213,13 +214,59 @@ def implementations(model, twin, prompts, seed: int) -> dict:
                             neighbor_table=table, seed=seed, cuda_graph=cuda_graph)
         return run
 
-    def theirs(tokens: int):
-        ids = prompts.to(model.output_weight.device)
-        return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
-                             top_k=0, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
-
     return {"ours": ours("none", graphed), "ours_neighbor": ours("neighbor", graphed),
-            "ours_eager": ours("none", False), "transformers": theirs}
+            "ours_eager": ours("none", False), "transformers": lambda tokens: hf_generate(twin, prompts, tokens)}
+
+
+def hf_generate(twin, prompts, tokens: int):
+    """transformers' `generate` of exactly `tokens` new tokens for each row of `prompts` [B, P], sampled at
+    temperature 1 with no top-k or top-p, as ours samples."""
+    import torch
+
+    ids = prompts.to(twin.device)
+    return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
+                         top_k=0, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
+
+
+HF_SAMPLED_STEPS = (8, 40)  # the two lengths of the sampled estimate's generates: 32 decode steps apart
+
+
+def hf_sampled(twin, device, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int) -> dict:
+    """transformers' whole rollout where running it would take too long: its prefill of the real prompts plus
+    `new_tokens` times its seconds per decode step at the rollout's mean window. That step is the difference of
+    two generates from prompts of the mean window's length, 8 and 40 new tokens (the prefill cancels), each
+    after an untimed one at the same shapes (transformers' first run at new shapes is far slower: the benefit
+    of the doubt, as its whole-run warm-up). Its step grows with the window, near linearly (each step
+    concatenates to a dynamic cache), so the step at the mean window is the mean step."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    vocab = twin.config.vocab_size
+    mean_window = prompt_len + new_tokens // 2
+    at_window = torch.randint(0, vocab, (batch, mean_window), generator=generator)
+    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=generator)
+    few, many = HF_SAMPLED_STEPS
+    timed = {"few": [], "many": [], "prefill": []}
+    hf_generate(twin, at_window, many), hf_generate(twin, prompts, 1)
+    for _ in range(repeats):
+        timed["few"].append(seconds_of(device, lambda: hf_generate(twin, at_window, few)))
+        timed["many"].append(seconds_of(device, lambda: hf_generate(twin, at_window, many)))
+        timed["prefill"].append(seconds_of(device, lambda: hf_generate(twin, prompts, 1)))
+    step_s = (statistics.median(timed["many"]) - statistics.median(timed["few"])) / (many - few)
+    prefill_s = statistics.median(timed["prefill"])
+    seconds = prefill_s + new_tokens * step_s
+    return {"tokens_per_s": round(batch * new_tokens / seconds, 1), "estimated_s": round(seconds, 3),
+            "estimated": f"prefill + {new_tokens} x the decode step at the mean window {mean_window}, from "
+                         f"{few}- and {many}-token generates", "step_ms": round(1000 * step_s, 3),
+            "prefill_s": round(prefill_s, 3)}
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent in this process so far (tracing and the backend's compile, for every
+    function), by dynamo's own timer; 0 where this torch does not keep it."""
+    import torch._dynamo.utils
+
+    return sum(getattr(torch._dynamo.utils, "compilation_time_metrics", {}).get("_compile.compile_inner", []))
 
 
 def predicted_s(grid: Grid, impl: str, batch: int, window: float, steps: int) -> float:
@@ -238,9 +285,10 @@ def predicted_s(grid: Grid, impl: str, batch: int, window: float, steps: int) ->
 
 
 def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, impls: list[str], repeats: int,
-             grid: Grid, seed: int, hf_warm_up: str) -> dict[str, float]:
-    """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved. Returns
-    {impl: median seconds}."""
+             grid: Grid, seed: int, hf_warm_up: str, hf_whole_max_s: float | None = None) -> dict[str, float]:
+    """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved; transformers'
+    estimated from sampled steps instead (hf_sampled) where its whole runs are predicted to take over
+    hf_whole_max_s. Returns {impl: median seconds} of the whole runs."""
     import torch
 
     vocab = model.cfg.vocab_size
@@ -254,20 +302,25 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
     # doubt) or a short one.
     warm_tokens = {impl: new_tokens if impl == "transformers" and hf_warm_up == "whole" else 32 for impl in impls}
     window = prompt_len + new_tokens / 2
-    chosen, predicted = [], 0.0
+    chosen, predicted, sampled = [], 0.0, False
     for impl in impls:  # in priority order, each predicted from its own seconds per step so far
         if impl == "ours_eager" and not graphed:
             continue
         alone = predicted_s(grid, impl, batch, window, repeats * new_tokens + warm_tokens[impl])
-        if grid.fits(predicted + alone, {**base, "impl": impl}):
+        if impl == "transformers" and hf_whole_max_s is not None and alone > hf_whole_max_s:
+            alone = predicted_s(grid, impl, batch, window, (repeats + 1) * sum(HF_SAMPLED_STEPS))
+            sampled = grid.fits(predicted + alone, {**base, "impl": impl, "estimated": True})
+            predicted += alone if sampled else 0.0
+        elif grid.fits(predicted + alone, {**base, "impl": impl}):
             chosen.append(impl)
             predicted += alone
     warm_s = {}
     for impl in chosen:
         def warm(impl=impl):
-            cold = not grid.warmed
+            cold, compiling = not grid.warmed, compile_seconds()
             grid.warmed = True
-            warm_s[impl] = (round(seconds_of(device, lambda: runs[impl](warm_tokens[impl])), 2), cold)
+            seconds = seconds_of(device, lambda: runs[impl](warm_tokens[impl]))
+            warm_s[impl] = (round(seconds, 2), cold, round(compile_seconds() - compiling, 2))
         grid.attempt({**base, "impl": impl, "phase": "warm-up"}, warm)
     seconds = {impl: [] for impl in chosen if impl in warm_s}  # one whose warm-up failed is not timed
     peaks = {}
@@ -294,8 +347,15 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
         emit({"bench": "rollout_grid", **base, "impl": impl, "cuda_graph": graph,
               "tokens_per_s": round(batch * new_tokens / median, 1), "median_s": round(median, 3),
               "runs_s": [round(t, 3) for t in timings], "warm_up_s": warm_s[impl][0],
-              "warm_up_cold_start": warm_s[impl][1], "warm_up_tokens": warm_tokens[impl],
+              "warm_up_cold_start": warm_s[impl][1], "warm_up_compile_s": warm_s[impl][2],
+              "warm_up_tokens": warm_tokens[impl],
               "peak_gib": peaks.get(impl)})
+    if sampled:
+        def estimate():
+            line = hf_sampled(twin, device, batch, prompt_len, new_tokens, repeats, seed)
+            grid.record("transformers", line["step_ms"] / 1000, batch, window)
+            emit({"bench": "rollout_grid", **base, "impl": "transformers", "cuda_graph": False, **line})
+        grid.attempt({**base, "impl": "transformers", "estimated": True}, estimate)
     return medians
 
 
@@ -352,7 +412,7 @@ def bench_rollout_grid(args: argparse.Namespace) -> None:
             medians = {}
             grid.attempt({"part": "rollout", "batch": batch, "new_tokens": new_tokens}, lambda: medians.update(
                 rollouts(model, twin, device, batch, args.prompt_len, new_tokens, impls, repeats, grid, args.seed,
-                         args.hf_warm_up)))
+                         args.hf_warm_up, args.hf_whole_max_s)))
             if "ours" in medians and not args.skip_steps:  # the rollout's step against the graphed step alone
                 mean_window = args.prompt_len + new_tokens // 2
                 steps = {}
@@ -396,6 +456,10 @@ def add_parser(subparsers) -> None:
     grid.add_argument("--hf-warm-up", choices=["whole", "short"], default="whole",
                       help="transformers' warm-up: a whole run at each length (its first run there is far "
                            "slower) or a 32-token one")
+    grid.add_argument("--hf-whole-max-s", type=float, default=None,
+                      help="transformers' whole rollouts (warm-up and repeats) predicted to take longer than this "
+                           "are estimated instead: its prefill + the new tokens x its decode step at the mean "
+                           "window, timed from two short generates (a line with an \"estimated\" field)")
     grid.add_argument("--repeats", type=int, default=2, help="timed rollouts per configuration (median)")
     grid.add_argument("--batch-for-steps", type=int, default=64, help="rows of the decode-step measurements")
     grid.add_argument("--step-repeats", type=int, default=20, help="timed decode steps per window")

@@ -1,8 +1,9 @@
 """`python bench.py torchrun-check`: train.py under `torchrun --nproc-per-node 1` against the same run in one plain
 process, on a GPU. A world of one still builds a process group and shards the policy with FSDP2, so this runs
 NCCL, the bf16 mixed-precision policy, the sampler copy gathered from DTensors and the checkpoint gather on
-CUDA, which CI (CPU, gloo) cannot. Three runs of the same config: plain for --steps steps; torchrun for --steps
-steps; torchrun for --steps - 1 steps, then resumed from its checkpoint for the last one. One JSON line per
+CUDA, which CI (CPU, gloo) cannot. Three processes of the same config: plain for --steps steps; torchrun for --steps
+steps (a checkpoint every step); torchrun resumed from a copy of that run cut back to its step --steps - 1 (its
+later checkpoints deleted, as if it had stopped there), for the last step. One JSON line per
 comparison: the largest difference of each step's metrics (timings left out) and of the final weights, against
 the size of the training update itself (the weights' change from the first checkpoint to the last).
 
@@ -23,12 +24,14 @@ from benchmarks.common import ROOT, emit, note
 TIMING = ("_s", "per_s", "seconds")  # metric names that are timings end so; they differ run to run
 
 
-def run_train(command: list[str], out_dir: Path, config: Path, extra: list[str]) -> None:
+def run_train(command: list[str], out_dir: Path, config: Path, extra: list[str]) -> str:
+    """Runs train.py so; returns what it printed to stderr (exits with its output if it fails)."""
     full = [*command, str(ROOT / "train.py"), "--config", str(config), "--out-dir", str(out_dir), *extra]
     note("$ " + " ".join(full))
     result = subprocess.run(full, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"{' '.join(full)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stderr
 
 
 def metrics(out_dir: Path) -> list[dict]:
@@ -92,8 +95,13 @@ def bench_torchrun_check(args: argparse.Namespace) -> None:
     run_train([sys.executable], plain, config, [])
     run_train(torchrun, dist, config, [])
     emit({**compare("torchrun_vs_plain", dist, plain, first), **facts})
-    run_train(torchrun, resumed, config, ["--max-steps", str(args.steps - 1)])
-    run_train(torchrun, resumed, config, ["--resume"])
+    # The resume starts from the torchrun run's own checkpoint of step --steps - 1 (a process fewer than running to
+    # that step again: each costs ~35 s on a GPU); --resume trims metrics.jsonl back to it.
+    shutil.copytree(dist, resumed)
+    shutil.rmtree(resumed / "checkpoints" / f"step-{args.steps}")
+    said = run_train(torchrun, resumed, config, ["--resume"])
+    if f"(step {args.steps - 1})" not in said:
+        sys.exit(f"the resumed run did not start from step {args.steps - 1}:\n{said[-3000:]}")
     emit({**compare("resumed_torchrun_vs_plain", resumed, plain, first), **facts})
     emit({**compare("resumed_vs_uninterrupted_torchrun", resumed, dist, first), **facts})
 

@@ -86,3 +86,21 @@ def test_the_budget_predicts_our_rollouts_from_the_graphed_step_at_their_window(
     assert rollout_grid.predicted_s(grid, "ours", 64, 300, 1000) == pytest.approx(1000 * 0.004 * 1.2)
     assert rollout_grid.predicted_s(grid, "ours", 64, 9000, 1000) == pytest.approx(1000 * 0.006 * 1.2)
     assert rollout_grid.predicted_s(grid, "ours", 256, 300, 1000) == 0.0  # no step measured at 256 rows
+
+
+def test_transformers_rollouts_too_long_to_run_are_estimated_from_their_step_and_say_so():
+    """With --hf-whole-max-s, a configuration whose whole transformers runs are predicted to take longer gets the
+    sampled estimate (prefill + new tokens x the step at the mean window), labelled as such; measured here
+    against a whole run of the same configuration (the first, before anything was known to predict from)."""
+    command = [sys.executable, "bench.py", "rollout-grid", "--device", "cpu", "--shape", "tiny",
+               "--prompt-len", "8", "--configs", "2x64x2", "2x64x2", "--impls", "transformers", "--skip-steps",
+               "--hf-warm-up", "short", "--hf-whole-max-s", "0", "--copy-gib", "0.01", "--budget-s", "120"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    lines = [json.loads(line) for line in out.splitlines() if '"rollout"' in line]
+    whole = [r for r in lines if "runs_s" in r]
+    estimated = [r for r in lines if "estimated" in r]
+    assert len(whole) == 1 and len(estimated) == 1, lines
+    assert "mean window 40" in estimated[0]["estimated"]  # 8 prompt tokens + 64 / 2
+    # Two ways to time the same work: within a factor of 3 on a busy CPU (a wrong step count would be 30x off).
+    assert 1 / 3 < estimated[0]["tokens_per_s"] / whole[0]["tokens_per_s"] < 3, (whole, estimated)
