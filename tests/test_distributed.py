@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import eval as E
 from config import preset
 from model import TINY_CONFIG, random_model, save_model
 from ngrpo import LossSettings, policy_loss
@@ -302,8 +304,8 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
              "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]
     run = lambda *command: subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                           capture_output=True, text=True, timeout=120)
-    one = run(sys.executable, "eval.py", *flags, "--out-dir", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr
+    with one_thread():  # the reference: eval.py in this process
+        E.main([*flags, "--out-dir", str(tmp_path / "one")])
     # `--` ends torchrun's options: without it torchrun reads eval.py's --n as an abbreviation of its own.
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
     two = run(*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two"))
@@ -323,6 +325,7 @@ import json, sys
 from dataclasses import replace
 sys.path.insert(0, sys.argv[1])
 import train
+import eval as E
 from config import preset
 from reward import RewardPool
 RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
@@ -343,14 +346,41 @@ train.run(replace(preset("tiny"), out_dir=out, explore=explore, max_steps=steps,
 TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
 
 
+def script_args(out: Path, explore: str, steps: int, resume: bool, overrides: dict) -> list[str]:
+    return [str(ROOT), str(out), explore, str(steps), "resume" if resume else "fresh", json.dumps(overrides)]
+
+
+@contextmanager
+def one_thread():
+    """One CPU thread, as each process of a torchrun job here has (OMP_NUM_THREADS=1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_here(out: Path, explore: str, steps: int, **overrides) -> None:
+    """The same run as train_run's, in this process: one plain process, no torchrun and no process group (the
+    reference the distributed runs must equal). The script's two replacements are undone afterwards."""
+    import reward
+    import train
+
+    with pytest.MonkeyPatch.context() as patch, one_thread():
+        patch.setattr(reward.RewardPool, "score", reward.RewardPool.score)  # put back on leaving
+        patch.setattr(train, "collect_groups", train.collect_groups)
+        patch.setattr(sys, "argv", ["train-script", *script_args(out, explore, steps, False, overrides)])
+        exec(compile(TRAIN, "train-script", "exec"), {"__name__": "__main__"})
+
+
 def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False, **overrides):
     """train.py's run under `torchrun --nproc-per-node processes` (Config fields `overrides` changed);
     returns the finished process."""
     script = out.parent / f"{out.name}-train.py"
     script.write_text(TRAIN)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-    done = subprocess.run([*launch, str(script), str(ROOT), str(out), explore, str(steps),
-                           "resume" if resume else "fresh", json.dumps(overrides)],
+    done = subprocess.run([*launch, str(script), *script_args(out, explore, steps, resume, overrides)],
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -379,10 +409,10 @@ def assert_same_run(got: dict, expected: dict, steps: int):
 
 @pytest.fixture(scope="module")
 def neighbor_runs(tmp_path_factory) -> Path:
-    """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and 1 process, 2 steps."""
+    """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and one plain process, 2 steps."""
     root = tmp_path_factory.mktemp("neighbor")
     train_run(root / "two", 2, "neighbor", 4)
-    train_run(root / "one", 1, "neighbor", 2)
+    train_here(root / "one", "neighbor", 2)
     return root
 
 
@@ -401,7 +431,7 @@ def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(neighb
 
 
 def test_two_processes_train_like_one_without_exploration(tmp_path):
-    train_run(tmp_path / "one", 1, "none", 2)
+    train_here(tmp_path / "one", "none", 2)
     train_run(tmp_path / "two", 2, "none", 2)
     assert_same_run(outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2), steps=2)
 

@@ -2,6 +2,7 @@
 and bad input that stops with one clear message (or, for a non-finite loss, skips the step)."""
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,8 +15,7 @@ import ngrpo
 import train
 from config import preset
 from data import load_problems, tiny_tokenizer, tokenize_problems
-from model import TINY_CONFIG, load_model, random_model, save_model
-from reward import RewardPool
+from model import TINY_CONFIG, load_model, random_model
 from runtime import warmstart
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,43 +33,75 @@ def tiny(tmp_path, **overrides):
 # demo, fourth recipe": two threads, one thread, AVX2 kernels), but seed 1 can stall for 60 steps first (+6 at
 # step 80 in one run); the tests run all 120 and ask for 5, so that another CPU's rounding (another
 # trajectory) cannot fail them while a loss that does not learn does.
-LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN = 120, 10, 0.05
+LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN, SEEDS = 120, 10, 0.05, (0, 1)
+
+# One seed's demo in a process of its own (one thread), so that the two seeds run side by side on two cores: the
+# demo's warm start (the random tiny model taught until it reaches the demo's dev-accuracy target, so both seeds
+# start from the same skill whatever the CPU's rounding did on the way), then its RL part from that warm start
+# twice: as it is, and with the advantages flipped. Prints {"warm": ..., "learn": summary, "unlearn": summary}.
+DEMO_FROM_A_WARM_START = """
+import json, sys
+from dataclasses import replace
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(1)
+import ngrpo, train
+from config import preset
+from data import load_problems, tiny_tokenizer, tokenize_problems
+from model import TINY_CONFIG, random_model, save_model
+from reward import RewardPool
+from runtime import warmstart
+seed, out = {seed}, {out!r}
+tokenizer, cfg = tiny_tokenizer(), replace(preset("demo"), seed=seed)
+model = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=seed)
+problems, _ = tokenize_problems(load_problems(cfg.data), tokenizer, max_prompt_tokens=256, final_period=False,
+                                instruction=cfg.instruction)
+pool = RewardPool()
+warm = warmstart.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool)
+pool.close()
+save_model(model, out + "/warm", tokenizer)
+rl = replace(preset("demo"), model=out + "/warm", tokenizer=out + "/warm", sft_steps=0, eval_every=0,
+             log_completions_every=0)
+learn = train.run(replace(rl, out_dir=out + "/learn", max_steps={learn_steps}))
+real = ngrpo.group_advantages  # the loss points the right way: pushing against the advantage must unlearn
+ngrpo.group_advantages = lambda *args, **kwargs: -real(*args, **kwargs)
+unlearn = train.run(replace(rl, out_dir=out + "/unlearn", max_steps={unlearn_steps}))
+print(json.dumps({{"warm": warm, "learn": learn, "unlearn": unlearn}}, default=str))
+"""
 
 
-@pytest.fixture(scope="module", params=[0, 1], ids=["seed0", "seed1"])
-def warm_model(request, tmp_path_factory):
-    """The demo's starting point for two seeds: the random tiny model after the demo's warm start, which stops
-    at a dev-accuracy target, so both start from the same skill whatever the CPU's rounding did on the way."""
-    seed, path = request.param, tmp_path_factory.mktemp(f"warm{request.param}")
-    tokenizer, cfg = tiny_tokenizer(), replace(preset("demo"), seed=seed)
-    model = random_model(TINY_CONFIG, dtype=torch.float32, device="cpu", seed=seed)
-    problems, _ = tokenize_problems(load_problems(cfg.data), tokenizer, max_prompt_tokens=256,
-                                    final_period=False, instruction=cfg.instruction)
-    pool = RewardPool()
-    reached = warmstart.warm_start(model, problems, tokenizer, cfg, torch.device("cpu"), pool)
-    pool.close()
-    assert reached["warm_start_dev_accuracy"] >= cfg.sft_target_accuracy, reached
-    save_model(model, path, tokenizer)
-    return path
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory) -> dict[int, dict]:
+    """seed -> that seed's warm start and its two RL runs (DEMO_FROM_A_WARM_START), both seeds at once."""
+    runs = {}
+    for seed in SEEDS:
+        script = DEMO_FROM_A_WARM_START.format(root=str(ROOT), seed=seed, out=str(tmp_path_factory.mktemp("demo")),
+                                               learn_steps=LEARN_STEPS, unlearn_steps=UNLEARN_STEPS)
+        runs[seed] = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    results = {}
+    for seed, process in runs.items():
+        stdout, stderr = process.communicate(timeout=1200)
+        assert process.returncode == 0, stderr[-3000:]
+        results[seed] = json.loads(stdout.strip().splitlines()[-1])
+    return results
 
 
-def short_demo(tmp_path, warm_model, **overrides):
-    """The demo's RL part from a saved warm start."""
-    cfg = replace(preset("demo"), model=str(warm_model), tokenizer=str(warm_model), sft_steps=0, eval_every=0,
-                  log_completions_every=0, out_dir=str(tmp_path / "demo"))
-    return train.run(replace(cfg, **overrides))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_demos_warm_start_reaches_its_target(demo_runs, seed):
+    assert demo_runs[seed]["warm"]["warm_start_dev_accuracy"] >= preset("demo").sft_target_accuracy, demo_runs[seed]
 
 
-def test_training_raises_held_out_accuracy(tmp_path, warm_model):
-    summary = short_demo(tmp_path, warm_model, max_steps=LEARN_STEPS)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_training_raises_held_out_accuracy(demo_runs, seed):
+    summary = demo_runs[seed]["learn"]
     assert summary["accuracy_after"] >= summary["accuracy_before"] + LEARN_MARGIN, summary
 
 
-def test_flipped_advantages_lower_accuracy(tmp_path, warm_model, monkeypatch):
+@pytest.mark.parametrize("seed", SEEDS)
+def test_flipped_advantages_lower_accuracy(demo_runs, seed):
     """The loss points the right way: pushing against the advantage must unlearn."""
-    real = ngrpo.group_advantages
-    monkeypatch.setattr(ngrpo, "group_advantages", lambda *args, **kwargs: -real(*args, **kwargs))
-    summary = short_demo(tmp_path, warm_model, max_steps=UNLEARN_STEPS)
+    summary = demo_runs[seed]["unlearn"]
     assert summary["accuracy_after"] <= summary["accuracy_before"] - LEARN_MARGIN, summary
 
 
