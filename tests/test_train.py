@@ -79,12 +79,10 @@ def demo_runs(tmp_path_factory) -> dict[int, dict]:
                                                learn_steps=LEARN_STEPS, unlearn_steps=UNLEARN_STEPS)
         runs[seed] = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    results = {}
-    for seed, process in runs.items():
-        stdout, stderr = process.communicate(timeout=1200)
-        assert process.returncode == 0, stderr[-3000:]
-        results[seed] = json.loads(stdout.strip().splitlines()[-1])
-    return results
+    outputs = {seed: process.communicate(timeout=1200) for seed, process in runs.items()}  # both, then judge
+    for seed, (_, stderr) in outputs.items():
+        assert runs[seed].returncode == 0, f"seed {seed}:\n{stderr[-3000:]}"
+    return {seed: json.loads(stdout.strip().splitlines()[-1]) for seed, (stdout, _) in outputs.items()}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
