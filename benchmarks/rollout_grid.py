@@ -199,7 +199,6 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
 
 def implementations(model, twin, prompts, seed: int) -> dict:
     """impl -> a function of the number of new tokens that runs one whole rollout of `prompts` [B, P]."""
-
     from neighbors import build_neighbor_table
     from rollout import Exploration, Sampling, generate
 
@@ -253,6 +252,8 @@ def hf_sampled(twin, device, batch: int, prompt_len: int, new_tokens: int, repea
         timed["many"].append(seconds_of(device, lambda: hf_generate(twin, at_window, many)))
         timed["prefill"].append(seconds_of(device, lambda: hf_generate(twin, prompts, 1)))
     step_s = (statistics.median(timed["many"]) - statistics.median(timed["few"])) / (many - few)
+    if step_s <= 0:  # noise larger than 32 steps: no estimate rather than a wrong one
+        raise RuntimeError(f"{many} new tokens took no longer than {few} ({timed}): no step time to estimate from")
     prefill_s = statistics.median(timed["prefill"])
     seconds = prefill_s + new_tokens * step_s
     return {"tokens_per_s": round(batch * new_tokens / seconds, 1), "estimated_s": round(seconds, 3),
