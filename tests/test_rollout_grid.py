@@ -93,7 +93,7 @@ def test_transformers_rollouts_too_long_to_run_are_estimated_from_their_step_and
     sampled estimate (prefill + new tokens x the step at the mean window), labelled as such; measured here
     against a whole run of the same configuration (the first, before anything was known to predict from)."""
     command = [sys.executable, "bench.py", "rollout-grid", "--device", "cpu", "--shape", "tiny",
-               "--prompt-len", "8", "--configs", "2x64x2", "2x64x2", "--impls", "transformers", "--skip-steps",
+               "--prompt-len", "8", "--configs", "2x64x5", "2x64x5", "--impls", "transformers", "--skip-steps",
                "--hf-warm-up", "short", "--hf-whole-max-s", "0", "--copy-gib", "0.01", "--budget-s", "120"]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
