@@ -243,11 +243,22 @@ PINS = {'zero': {'metrics': [{'step': 1,
                                                -0.00854372140020132]}}}
 
 
-def run_pinned(reward: str, mutation: str = "none") -> dict:
-    done = subprocess.run([sys.executable, "-c", RUN, str(ROOT), reward, mutation], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_pinned(*runs: tuple[str, str]) -> dict[tuple[str, str], dict]:
+    """(reward, mutation) -> what RUN printed, for each run: all at once, each a process of one thread (they
+    spend most of their time starting, and a CPU has more than one core)."""
+    processes = {run: subprocess.Popen([sys.executable, "-c", RUN, str(ROOT), *run], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                 for run in runs}
+    outputs = {run: process.communicate(timeout=300) for run, process in processes.items()}
+    for run, (_, stderr) in outputs.items():
+        assert processes[run].returncode == 0, f"{run}:\n{stderr[-3000:]}"
+    return {run: json.loads(stdout.strip().splitlines()[-1]) for run, (stdout, _) in outputs.items()}
+
+
+@pytest.fixture(scope="module")
+def pinned_runs() -> dict[tuple[str, str], dict]:
+    return run_pinned(("zero", "none"), ("odd-length", "none"), ("odd-length", "adv-eps"),
+                      ("odd-length", "normalizer+1"))
 
 
 def close(actual, expected) -> bool:
@@ -278,22 +289,22 @@ pytestmark = pytest.mark.regression_pin
 
 
 @pytest.mark.parametrize("reward", ["zero", "odd-length"])
-def test_default_path_matches_its_pin(reward):
-    result = run_pinned(reward)
+def test_default_path_matches_its_pin(pinned_runs, reward):
+    result = pinned_runs[(reward, "none")]
     if reward == "odd-length":  # the run carries a learning signal, else the pin would prove little
         assert result["metrics"][0]["grad_norm"] > 0 and result["metrics"][0]["loss"] != 0.0
     assert pin_differences(result, PINS[reward]) == []
 
 
 @pytest.mark.parametrize("mutation", ["adv-eps", "normalizer+1"])
-def test_a_one_line_change_of_the_default_path_trips_the_pin(mutation):
+def test_a_one_line_change_of_the_default_path_trips_the_pin(pinned_runs, mutation):
     """adv_eps 1e-6 -> 1e-4 moves each advantage by ~2e-4 relative; counting one token more in the loss's
     normaliser moves the loss by ~1/250: both far inside what a looser pin would let through."""
-    assert pin_differences(run_pinned("odd-length", mutation), PINS["odd-length"]) != []
+    assert pin_differences(pinned_runs[("odd-length", mutation)], PINS["odd-length"]) != []
 
 
 if __name__ == "__main__":
     import pprint
 
-    captured = {reward: run_pinned(reward) for reward in PINS}
+    captured = {reward: result for (reward, _), result in run_pinned(*((r, "none") for r in PINS)).items()}
     print("PINS = " + pprint.pformat(captured, width=110, sort_dicts=False))
