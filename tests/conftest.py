@@ -1,6 +1,11 @@
-"""Shared test fixtures: the repo root on sys.path, the ../shared/data location, deterministic CPU threads."""
+"""Shared test fixtures and helpers: the repo root on sys.path, the ../shared/data location, CPU threads, and
+scripts run side by side."""
 
+import json
+import os
+import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,3 +25,34 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@contextmanager
+def torch_threads(count: int):
+    """torch's CPU threads set to `count` inside, put back after. One thread: sums in the same order run to run
+    (bit-exact comparisons), as each process of a torchrun job here has (OMP_NUM_THREADS=1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread():
+    with torch_threads(1):
+        yield
+
+
+def run_at_once(scripts: dict, timeout: float) -> dict:
+    """key -> the JSON object that `python -c script` printed last, for each (key, [script, *args]) of `scripts`:
+    all started at once, each a process of one thread (such runs spend much of their time starting, and a CPU
+    has more than one core), then each judged: one that failed shows its stderr."""
+    processes = {key: subprocess.Popen([sys.executable, "-c", *command], cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                 for key, command in scripts.items()}
+    outputs = {key: process.communicate(timeout=timeout) for key, process in processes.items()}  # all, then judge
+    for key, (_, stderr) in outputs.items():
+        assert processes[key].returncode == 0, f"{key}:\n{stderr[-3000:]}"
+    return {key: json.loads(stdout.strip().splitlines()[-1]) for key, (stdout, _) in outputs.items()}

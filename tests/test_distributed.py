@@ -12,13 +12,13 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import torch_threads
 
 import eval as E
 from config import preset
@@ -304,7 +304,7 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
              "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]
     run = lambda *command: subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                           capture_output=True, text=True, timeout=120)
-    with one_thread():  # the reference: eval.py in this process
+    with torch_threads(1):  # the reference: eval.py in this process
         E.main([*flags, "--out-dir", str(tmp_path / "one")])
     # `--` ends torchrun's options: without it torchrun reads eval.py's --n as an abbreviation of its own.
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
@@ -325,7 +325,6 @@ import json, sys
 from dataclasses import replace
 sys.path.insert(0, sys.argv[1])
 import train
-import eval as E
 from config import preset
 from reward import RewardPool
 RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
@@ -350,24 +349,13 @@ def script_args(out: Path, explore: str, steps: int, resume: bool, overrides: di
     return [str(ROOT), str(out), explore, str(steps), "resume" if resume else "fresh", json.dumps(overrides)]
 
 
-@contextmanager
-def one_thread():
-    """One CPU thread, as each process of a torchrun job here has (OMP_NUM_THREADS=1)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def train_here(out: Path, explore: str, steps: int, **overrides) -> None:
     """The same run as train_run's, in this process: one plain process, no torchrun and no process group (the
     reference the distributed runs must equal). The script's two replacements are undone afterwards."""
     import reward
     import train
 
-    with pytest.MonkeyPatch.context() as patch, one_thread():
+    with pytest.MonkeyPatch.context() as patch, torch_threads(1):
         patch.setattr(reward.RewardPool, "score", reward.RewardPool.score)  # put back on leaving
         patch.setattr(train, "collect_groups", train.collect_groups)
         patch.setattr(sys, "argv", ["train-script", *script_args(out, explore, steps, False, overrides)])

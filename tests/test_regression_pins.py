@@ -13,14 +13,11 @@ Re-capture (with a reason in the commit message) when a change is meant to chang
 prints the new PINS to paste below.
 """
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_at_once
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-5, 1e-8
@@ -244,15 +241,8 @@ PINS = {'zero': {'metrics': [{'step': 1,
 
 
 def run_pinned(*runs: tuple[str, str]) -> dict[tuple[str, str], dict]:
-    """(reward, mutation) -> what RUN printed, for each run: all at once, each a process of one thread (they
-    spend most of their time starting, and a CPU has more than one core)."""
-    processes = {run: subprocess.Popen([sys.executable, "-c", RUN, str(ROOT), *run], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-                 for run in runs}
-    outputs = {run: process.communicate(timeout=300) for run, process in processes.items()}
-    for run, (_, stderr) in outputs.items():
-        assert processes[run].returncode == 0, f"{run}:\n{stderr[-3000:]}"
-    return {run: json.loads(stdout.strip().splitlines()[-1]) for run, (stdout, _) in outputs.items()}
+    """(reward, mutation) -> what RUN printed, for each run (all at once)."""
+    return run_at_once({run: [RUN, str(ROOT), *run] for run in runs}, timeout=300)
 
 
 @pytest.fixture(scope="module")

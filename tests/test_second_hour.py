@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import torch_threads
 from test_first_hour import error_line, snapshot
 
 import data
@@ -117,12 +118,8 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, tuple[dict, dict]]:
     bench = root / "sums.jsonl"
     bench.write_text("".join(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n"
                              for i in range(6)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         E.main(eval_run(bench, root / "whole"))
-    finally:
-        torch.set_num_threads(threads)
     return bench, outcome(root / "whole")
 
 

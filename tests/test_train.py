@@ -2,7 +2,6 @@
 and bad input that stops with one clear message (or, for a non-finite loss, skips the step)."""
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_at_once
 
 import ngrpo
 import train
@@ -73,16 +73,9 @@ print(json.dumps({{"warm": warm, "learn": learn, "unlearn": unlearn}}, default=s
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory) -> dict[int, dict]:
     """seed -> that seed's warm start and its two RL runs (DEMO_FROM_A_WARM_START), both seeds at once."""
-    runs = {}
-    for seed in SEEDS:
-        script = DEMO_FROM_A_WARM_START.format(root=str(ROOT), seed=seed, out=str(tmp_path_factory.mktemp("demo")),
-                                               learn_steps=LEARN_STEPS, unlearn_steps=UNLEARN_STEPS)
-        runs[seed] = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    outputs = {seed: process.communicate(timeout=1200) for seed, process in runs.items()}  # both, then judge
-    for seed, (_, stderr) in outputs.items():
-        assert runs[seed].returncode == 0, f"seed {seed}:\n{stderr[-3000:]}"
-    return {seed: json.loads(stdout.strip().splitlines()[-1]) for seed, (stdout, _) in outputs.items()}
+    return run_at_once({seed: [DEMO_FROM_A_WARM_START.format(
+        root=str(ROOT), seed=seed, out=str(tmp_path_factory.mktemp("demo")), learn_steps=LEARN_STEPS,
+        unlearn_steps=UNLEARN_STEPS)] for seed in SEEDS}, timeout=1200)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -139,15 +132,6 @@ def test_bad_warm_start_settings_are_one_message(overrides, message):
 def read_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture
-def one_thread():
-    """Bit-exact comparisons need one CPU thread: with two, reductions may differ in the last bits run to run."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_resume_continues_exactly(tmp_path, one_thread):
