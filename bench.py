@@ -9,24 +9,34 @@
     python bench.py rehearsal           # the 1.5B shape end to end on the CPU, memory against train.py --plan
     python bench.py manifest            # hashing a checkpoint: block digests on every core vs one stream per file
     python bench.py torchrun-check      # on a GPU: train.py under torchrun (world of one) vs one process, resume
+    python bench.py fingerprint         # five tiny training runs hashed: unchanged by a behaviour-preserving change
+    python bench.py step-lines          # the lines and files one tiny training step executes
 
 Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that registers its subcommand
-(and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only the entry.
+(and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only the entry: it imports the
+one benchmark named (`python bench.py NAME --help` shows its flags), so that one benchmark's imports (the trainer,
+torch.compile, transformers) are not every benchmark's.
 """
 
 import argparse
 import importlib
+import sys
 
 BENCHMARKS = ("grader", "rollout", "rollout-grid", "neighbors", "train", "trl", "rehearsal", "manifest",
-              "torchrun-check")
+              "torchrun-check", "fingerprint", "step-lines")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    subparsers = parser.add_subparsers(dest="benchmark", required=True)
-    for name in BENCHMARKS:
+    subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
+    named = [name for name in BENCHMARKS if name in argv[:1]]
+    for name in named:
         importlib.import_module(f"benchmarks.{name.replace('-', '_')}").add_parser(subparsers)
-    args = parser.parse_args()
+    if not named:  # --help, or a name that is not a benchmark: argparse says so, listing the names
+        for name in BENCHMARKS:
+            subparsers.add_parser(name)
+    args = parser.parse_args(argv)
     args.run(args)
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from data import MATH_INSTRUCTION
+from runtime.plan import print_plan
 
 
 def option(default, help: str, choices: tuple | None = None):
@@ -605,9 +606,5 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
         print(json.dumps(asdict(cfg), indent=2))
         parser.exit()
     if plan_args[0]:
-        from runtime.plan import (
-            print_plan,  # imported here: the plan reads config.json files, the parser needs none of it
-        )
-
         parser.exit(print_plan(cfg, gpus=plan_args[1], gpu_gb=plan_args[2]))
     return cfg

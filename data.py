@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from grading.extract import extract_answer
+
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 GPQA_INSTRUCTION = "Let's think step by step and output the final answer in the last line as:\nAnswer: <A/B/C/D>"
 
@@ -319,8 +321,6 @@ def normalise_record(record, where: str, *, default_id: str) -> dict:
                         "string or a number, or a list of them")
     answer = _answer_text(answer)
     if not answer and isinstance(record.get("solution"), str):
-        from reward import extract_answer
-
         answer = (extract_answer(record["solution"], require_boxed=True) or "").strip()
     if not answer:
         raise DataError(f"{where}: no usable answer (no non-empty 'answer' field and no \\boxed{{}} in 'solution')")

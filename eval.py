@@ -36,6 +36,9 @@ import torch
 import config
 import data
 import reward
+from model import load_model, resolve_device
+from neighbors import table_for
+from rollout import Sampling, exploration_from_config, generate
 from runtime import distributed, guard, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.distributed import World
@@ -191,7 +194,6 @@ def training_instruction_warning(model: str, instruction: str) -> str | None:
 
 def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
     """evaluate()'s generate_fn: (prompt ids, seed, row keys) -> (decoded responses, tokens generated)."""
-    from rollout import generate
 
     def generate_fn(prompts, seed, row_keys):
         rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
@@ -584,9 +586,6 @@ def interrupted(interrupt: KeyboardInterrupt, out_dir: Path, argv: list[str]) ->
 
 
 def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
-    from model import load_model, resolve_device
-    from rollout import Sampling, exploration_from_config
-
     out_dir = Path(cfg.out_dir)
     try:
         device = world.device if world.distributed else resolve_device(cfg.device)
@@ -617,8 +616,6 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
     prompted = render_prompts(benchmarks, tokenizer, cfg.instruction)
     table = None
     if cfg.explore == "neighbor" and world.is_main:  # built once, on rank 0, and shared
-        from neighbors import table_for
-
         table = table_for(model, cfg).cpu()
     table = distributed.broadcast_object(table, world)
     table = None if table is None else table.to(device)

@@ -25,7 +25,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
+
+from data import hub_snapshot
 
 # model_type in config.json -> the architecture name transformers writes next to it.
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
@@ -140,6 +144,10 @@ TINY_CONFIG = ModelConfig(
     family="qwen2", vocab_size=262, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
     num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=4096,
 )
+
+
+# What --model takes besides a checkpoint: an architecture with random weights (load_model, runtime/plan.py).
+MODEL_PRESETS = {"tiny": TINY_CONFIG}
 
 
 def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
@@ -279,9 +287,10 @@ class KVCache:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, hf_config: dict | None = None):
         super().__init__()
         self.cfg = cfg
+        self.hf_config = hf_config  # the config.json it was loaded from, written back as it was by save_model
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -299,6 +308,12 @@ class Transformer(nn.Module):
         casts) in the forward and the backward. Sequence lengths are dynamic: one compile serves them all.
         The parameters stay the module's own (state_dict unchanged); enable=False goes back to eager."""
         self.compiled_layers = [torch.compile(layer, dynamic=True) for layer in self.layers] if enable else None
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        """RoPE's frequencies on `device` (rope_inv_freq, computed once per device)."""
+        if device not in self._inv_freq:
+            self._inv_freq[device] = rope_inv_freq(self.cfg, device)
+        return self._inv_freq[device]
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -372,9 +387,7 @@ class Transformer(nn.Module):
                 positions = slots.expand(B, T)
             else:
                 positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, slots]
-        if device not in self._inv_freq:
-            self._inv_freq[device] = rope_inv_freq(self.cfg, device)
-        freqs = positions[..., None].float() * self._inv_freq[device]  # [B, T, D/2]
+        freqs = positions[..., None].float() * self.inv_freq(device)  # [B, T, D/2]
         freqs = torch.cat((freqs, freqs), dim=-1)
         cos, sin = freqs.cos(), freqs.sin()
         for i, layer in enumerate(self.compiled_layers or self.layers):
@@ -384,244 +397,6 @@ class Transformer(nn.Module):
             else:
                 x = layer(x, cos, sin, mask, kv, slots, window)
         return self.norm(x)
-
-
-# ----------------------------------------------------------------------------- the one-token decode step
-#
-# The sampler's hot loop: one new position for each of S rows, every row at its own position of its own cache
-# row. Written for a CUDA graph: fixed shapes, no host sync, and the row lengths are data (`positions`), not
-# shapes, so one captured graph serves every length. The chains of small elementwise kernels between the matrix
-# products (residual add + RMSNorm, RoPE, SiLU x up) are three functions that torch.compile fuses on a GPU; on a
-# CPU they run as they are, and their arithmetic is the training forward's, op for op.
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm's arithmetic, as RMSNorm.forward does it: normalise in fp32, cast back, then the weight."""
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    """(RMSNorm(residual + x), residual + x): a block's residual add fused with the next norm (the first norm of
-    the first block gets a zero residual: adding it changes nothing)."""
-    x = residual + x  # in the model's dtype, as Block.forward adds
-    return rms_norm(x, weight, eps), x
-
-
-def rotary(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-           positions: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
-           k_cache: torch.Tensor, v_cache: torch.Tensor, grouped: bool = False) -> torch.Tensor:
-    """One step's q [S, H, D] and k [S, Hkv, D] (Qwen3: each head RMS-normed first) rotated by RoPE (cos, sin
-    [S, 1, D] in q's dtype), the training forward's arithmetic for one position per row; k and v [S, Hkv, D] are
-    written into row b's cache slot positions[b] (k_cache, v_cache [S, max_len, Hkv, D]). Returns the rotated q,
-    [S, H, D] or, grouped, [S, H / Hkv, Hkv, D] (each KV head's query heads side by side: FlashDecode's grouped
-    layout)."""
-    if q_norm is not None:
-        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
-    rows = torch.arange(q.shape[0], device=q.device)
-    k_cache[rows, positions] = k * cos + rotate_half(k) * sin
-    v_cache[rows, positions] = v
-    q = q * cos + rotate_half(q) * sin
-    if grouped:
-        q = q.view(q.shape[0], k.shape[1], -1, q.shape[2]).transpose(1, 2).contiguous()
-    return q
-
-
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
-
-
-@dataclass(frozen=True)
-class DecodeOps:
-    """The decode step's elementwise functions: as written (eager), or compiled by torch.compile."""
-
-    add_rms_norm: object
-    rotary: object
-    silu_mul: object
-
-
-_DECODE_OPS: dict[str | None, DecodeOps] = {}
-
-
-def decode_ops(backend: str | None) -> DecodeOps:
-    """The elementwise functions eager (backend None) or under torch.compile(backend) with dynamic sizes: one
-    compile per dtype serves every batch size, cache and length (a single row, size 1, is compiled apart). One set
-    per process, shared by every model."""
-    if backend not in _DECODE_OPS:
-        if backend is None:
-            _DECODE_OPS[None] = DecodeOps(add_rms_norm, rotary, silu_mul)
-        else:
-            _DECODE_OPS[backend] = DecodeOps(*(compiled(fn, backend) for fn in (add_rms_norm, rotary, silu_mul)))
-    return _DECODE_OPS[backend]
-
-
-def compiled(fn, backend: str):
-    """fn under torch.compile with every size dynamic, none assumed equal to another because they happen to be
-    equal at the first call (duck sizing: rows = heads in one call would recompile when they differ)."""
-    fn_compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=True)
-
-    def run(*args):
-        with torch.fx.experimental._config.patch(use_duck_shape=False):
-            return fn_compiled(*args)
-
-    return run
-
-
-def flash_decode_supported(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether FlashAttention's variable-length kernel (bf16 / fp16 on a CUDA GPU) can run the decode step's
-    attention for this architecture."""
-    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and cfg.head_dim % 8 == 0
-            and cfg.head_dim <= 256 and hasattr(torch.ops.aten, "_flash_attention_forward"))
-
-
-@dataclass(frozen=True)
-class FlashDecode:
-    """How a decode step calls FlashAttention's variable-length kernel over S rows of a max_len-slot cache, each
-    row reading only its own first positions[b] + 1 slots (`seqused_k`): one kernel for every length.
-
-    grouped False: q [S, H, D], one query per row; the kernel moves each KV head's query heads into the query axis
-    itself (two copies) and splits the cache across blocks, then combines them (a second kernel). grouped True: q
-    arrives so laid out ([S, H / Hkv, Hkv, D], written so by the rotary kernel): one kernel, no split, and one
-    copy back. Which is faster depends on the GPU, the rows and the cache: fastest_flash_layout measures it."""
-
-    cu_q: torch.Tensor  # [S + 1] int32: where each row's queries start (b, or b * H / Hkv grouped)
-    cu_k: torch.Tensor  # [S + 1] int32: where each row's cache starts (b * max_len)
-    grouped: bool
-
-
-def flash_decode(rows: int, max_len: int, groups: int, grouped: bool, device) -> FlashDecode:
-    index = torch.arange(rows + 1, dtype=torch.int32, device=device)
-    return FlashDecode(index * groups if grouped else index, index * max_len, grouped)
-
-
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, *,
-                     mask: torch.Tensor | None = None, flash: FlashDecode | None = None,
-                     lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """One query per head per row over that row's cache slots 0..positions[b]: k_cache / v_cache
-    [S, max_len, Hkv, D]; returns [S, H, D].
-
-    flash: FlashAttention's variable-length kernel (q as FlashDecode's layout says); lengths: positions + 1 in
-    int32, if the caller has it already. Else scaled_dot_product_attention (any device and dtype) over the first
-    W slots, mask [S, W] bool = slot <= positions[b], q [S, H, D]."""
-    S, max_len, kv_heads, D = k_cache.shape
-    if flash is not None:
-        lengths = (positions + 1).to(torch.int32) if lengths is None else lengths
-        groups = q.shape[1] if flash.grouped else q.shape[1] // kv_heads
-        out = torch.ops.aten._flash_attention_forward(
-            q.view(S * groups, kv_heads, D) if flash.grouped else q, k_cache.view(S * max_len, kv_heads, D),
-            v_cache.view(S * max_len, kv_heads, D), flash.cu_q, flash.cu_k, groups if flash.grouped else 1,
-            max_len, 0.0, False, False, scale=D**-0.5, seqused_k=lengths)[0]
-        if flash.grouped:  # [S * groups, Hkv, D] -> the heads' own order
-            return out.view(S, groups, kv_heads, D).transpose(1, 2).reshape(S, groups * kv_heads, D)
-        return out.view(S, -1, D)
-    H, window = q.shape[1], mask.shape[1]
-    k, v = k_cache[:, :window].transpose(1, 2), v_cache[:, :window].transpose(1, 2)  # [S, Hkv, W, D]
-    # The query heads of each KV group are the query axis: the cache is read as it is (see attend).
-    out = F.scaled_dot_product_attention(q.view(S, kv_heads, H // kv_heads, D), k, v,
-                                         attn_mask=mask[:, None, None])
-    return out.reshape(S, H, D)
-
-
-@torch.no_grad()
-def fastest_flash_layout(cfg: ModelConfig, cache: KVCache) -> tuple[bool, dict[str, float]]:
-    """Times FlashDecode's two layouts on this cache's rows and length (its first layer filled with random
-    values: timings on zeros can flatter) at three row lengths; returns (grouped is faster, milliseconds of each)."""
-    k, v = cache.k[0], cache.v[0]
-    S, max_len, kv_heads, D = k.shape
-    generator = torch.Generator(device=k.device).manual_seed(0)
-    k.normal_(generator=generator), v.normal_(generator=generator)
-    q = torch.randn(S, cfg.num_heads, D, device=k.device, dtype=k.dtype, generator=generator)
-    groups = cfg.num_heads // kv_heads
-    times = {}
-    for grouped in (False, True):
-        flash = flash_decode(S, max_len, groups, grouped, k.device)
-        q_in = q.view(S, kv_heads, groups, D).transpose(1, 2).contiguous() if grouped else q
-        start, end, total = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 0.0
-        for length in sorted({min(128, max_len), max_len // 2, max_len}):
-            positions = torch.full((S,), length - 1, device=k.device)
-            run = lambda: decode_attention(q_in, k, v, positions, flash=flash)
-            run(), run()
-            start.record()
-            for _ in range(10):
-                run()
-            end.record()
-            end.synchronize()
-            total += start.elapsed_time(end) / 10
-        times["grouped" if grouped else "split"] = round(total, 4)
-    return times["grouped"] < times["split"], times
-
-
-def decode_hidden(model: Transformer, inputs: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
-                  ops: DecodeOps, window: int | None = None, flash: FlashDecode | None = None) -> torch.Tensor:
-    """The final-norm hidden state [S, d] of one decode step: row b feeds inputs[b] ([S, d], an embedding or
-    a mixture) at cache slot and RoPE position positions[b] ([S]: rows are not padded) and attends to its
-    slots 0..positions[b] (with FlashAttention, `flash`; else over the first `window` slots). Layers whose
-    projections were fused (fuse_projections) run one product each."""
-    cfg = model.cfg
-    S, H, Hkv, D = inputs.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    if inputs.device not in model._inv_freq:
-        model._inv_freq[inputs.device] = rope_inv_freq(cfg, inputs.device)
-    inv_freq, eps = model._inv_freq[inputs.device], cfg.rms_norm_eps
-    lengths = (positions + 1).to(torch.int32) if flash is not None else None  # FlashAttention's, once a step
-    grouped = flash is not None and flash.grouped
-    mask = None if flash is not None else (torch.arange(window, device=inputs.device) <= positions[:, None])
-    freqs = positions[:, None].float() * inv_freq  # [S, D/2], once a step for every layer
-    freqs = torch.cat((freqs, freqs), dim=-1)[:, None]  # [S, 1, D]
-    cos, sin = freqs.cos().to(inputs.dtype), freqs.sin().to(inputs.dtype)
-    x, residual = inputs, torch.zeros_like(inputs)
-    for i, layer in enumerate(model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        k_cache, v_cache = cache.k[i], cache.v[i]
-        h, residual = ops.add_rms_norm(x, residual, layer.input_layernorm.weight, eps)
-        if hasattr(attn, "qkv"):
-            q, k, v = F.linear(h, *attn.qkv).split(attn.qkv_sizes, dim=-1)
-        else:
-            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-        q_norm = attn.q_norm.weight if cfg.qk_norm else None
-        k_norm = attn.k_norm.weight if cfg.qk_norm else None
-        q = ops.rotary(q.view(S, H, D), k.view(S, Hkv, D), v.view(S, Hkv, D), cos, sin, positions, q_norm, k_norm,
-                       eps, k_cache, v_cache, grouped)
-        out = decode_attention(q, k_cache, v_cache, positions, mask=mask, flash=flash, lengths=lengths)
-        h, residual = ops.add_rms_norm(attn.o_proj(out.view(S, -1)), residual,
-                                       layer.post_attention_layernorm.weight, eps)
-        if hasattr(mlp, "gate_up"):
-            gate, up = F.linear(h, *mlp.gate_up).chunk(2, dim=-1)
-        else:
-            gate, up = mlp.gate_proj(h), mlp.up_proj(h)
-        x = mlp.down_proj(ops.silu_mul(gate, up))
-    return ops.add_rms_norm(x, residual, model.norm.weight, eps)[0]
-
-
-def fuse_projections(model: Transformer) -> bool:
-    """Each layer's q/k/v projections become views of one [(H + 2 Hkv) D, d] matrix (`qkv`), and gate/up of one
-    [2 I, d] matrix (`gate_up`), so that a decode step runs one matrix product for each group instead of three
-    and two (the k and v products are small: latency, not bytes). The parameters keep their names, shapes and
-    values (state_dict and the Hugging Face layout are unchanged), and writing them in place (the sampler
-    copy's refresh) writes the fused matrices. Something that replaces a parameter (`.to()`, load_state_dict
-    with assign) undoes it: this checks and fuses again. Returns whether anything was (re)fused."""
-    changed = False
-    for layer in model.layers:
-        for owner, names, attr in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv"),
-                                   (layer.mlp, ("gate_proj", "up_proj"), "gate_up")):
-            linears = [getattr(owner, name) for name in names]
-            fused = getattr(owner, attr, None)
-            if fused is not None and linears[0].weight.data_ptr() == fused[0].data_ptr() and all(
-                    a.weight.data_ptr() + a.weight.numel() * a.weight.element_size() == b.weight.data_ptr()
-                    for a, b in zip(linears, linears[1:])):
-                continue
-            weight = torch.cat([linear.weight.detach() for linear in linears])
-            bias = None if linears[0].bias is None else torch.cat([linear.bias.detach() for linear in linears])
-            sizes = [linear.out_features for linear in linears]
-            for linear, part_w, part_b in zip(linears, weight.split(sizes), (bias.split(sizes) if bias is not None
-                                                                            else [None] * len(sizes))):
-                linear.weight = nn.Parameter(part_w, requires_grad=linear.weight.requires_grad)
-                if part_b is not None:
-                    linear.bias = nn.Parameter(part_b, requires_grad=linear.bias.requires_grad)
-            object.__setattr__(owner, attr, (weight, bias))  # not a parameter or buffer: a view's owner
-            if attr == "qkv":
-                object.__setattr__(owner, "qkv_sizes", sizes)
-            changed = True
-    return changed
 
 
 # ----------------------------------------------------------------------------- initialisation, I/O
@@ -662,8 +437,6 @@ def resolve_checkpoint(name_or_path: str) -> Path:
         return path
     if path.exists() or name_or_path.count("/") != 1:
         raise FileNotFoundError(f"{name_or_path!r} is neither a checkpoint directory nor a hub id (owner/name)")
-    from data import hub_snapshot
-
     return hub_snapshot(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer*"],
                         instead="a local checkpoint directory (config.json and *.safetensors), or 'tiny'")
 
@@ -680,15 +453,15 @@ def _checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda") -> Transformer:
+def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda", seed: int = 0) -> Transformer:
     """Load a Hugging Face checkpoint (local directory or hub id) into our Transformer.
 
     The module is built on the meta device and the safetensors tensors are read straight onto `device`
-    and assigned, so the weights are never materialised twice. `"tiny"` gives the random tiny preset."""
-    if name_or_path == "tiny":
-        return random_model(TINY_CONFIG, dtype=dtype, device=device)
-    from safetensors import safe_open
-
+    and assigned, so the weights are never materialised twice. A name of MODEL_PRESETS ("tiny") gives that
+    architecture with random weights drawn from `seed` in fp32, then cast to `dtype` (the same weights in any
+    dtype: a bf16 reference is the fp32 policy rounded)."""
+    if name_or_path in MODEL_PRESETS:
+        return random_model(MODEL_PRESETS[name_or_path], dtype=torch.float32, device=device, seed=seed).to(dtype)
     path = resolve_checkpoint(name_or_path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json")
@@ -698,7 +471,7 @@ def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda") -> Tra
         raise ValueError(f"{path / 'config.json'}: not a JSON model config ({error})") from None
     cfg = ModelConfig.from_hf(hf_config)
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(cfg, hf_config)
     expected = model.state_dict().keys()
     state = {}
     for file in _checkpoint_files(path):
@@ -716,7 +489,6 @@ def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda") -> Tra
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {missing[:3]}")
     model.load_state_dict(state, assign=True)
-    model.hf_config = hf_config
     return model
 
 
@@ -725,8 +497,6 @@ def save_model(model: Transformer, out_dir, tokenizer=None, *, max_shard_bytes: 
     and model.safetensors, or numbered shards plus model.safetensors.index.json when the weights exceed
     `max_shard_bytes`; and the tokenizer's files when one is given. Tensors keep the model's dtype
     unless `dtype` says otherwise."""
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -752,7 +522,7 @@ def save_model(model: Transformer, out_dir, tokenizer=None, *, max_shard_bytes: 
         total = sum(t.numel() * t.element_size() for t in state.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    hf_config = dict(getattr(model, "hf_config", None) or model.cfg.to_hf())
+    hf_config = dict(model.hf_config or model.cfg.to_hf())
     dtype_key = "dtype" if "dtype" in hf_config else "torch_dtype"  # transformers 5.x / 4.x spelling
     hf_config[dtype_key] = str(next(iter(state.values())).dtype).removeprefix("torch.")
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2))

@@ -25,13 +25,14 @@ micro-batch divides by the whole mini-batch's count, so the gradient does not de
 
 import math
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from replay import sequence_logprobs
+from rollout import Rollout
 from runtime import distributed
 from runtime.distributed import World
 
@@ -412,14 +413,6 @@ def micro_batches(rollout, cfg, world: World = World()) -> list[tuple[list[int],
     return [(rows, True) for rows in plans[world.rank]] + [([stand_in], False)] * (calls - len(plans[world.rank]))
 
 
-def trimmed(rollout):
-    """A micro-batch's rollout with its per-token tensors cut to its longest response, its log-probs then
-    computed for those positions only (causal attention: the positions cut off change nothing before them)."""
-    width = max(int(rollout.lengths.max()), 1)
-    return replace(rollout, **{name: value[:, :width] for name, value in vars(rollout).items()
-                               if hasattr(value, "dim") and value.dim() > 1})
-
-
 # ----------------------------------------------------------------------------- the update
 
 
@@ -427,7 +420,7 @@ def trimmed(rollout):
 class Episodes:
     """A rollout and what the update needs beside it, row-aligned (N rows, T = the longest response)."""
 
-    rollout: object  # a rollout.Rollout: prompts, response_ids, lengths, the fed (cand_ids, cand_weights), ...
+    rollout: Rollout  # prompts, lengths and the record: response_ids, the fed (cand_ids, cand_weights), ...
     advantages: torch.Tensor  # [N]
     old_logp: torch.Tensor | None  # [N, T]; None = on-policy: the update's own forward, detached
     ref_logp: torch.Tensor | None = None  # [N, T], when a KL term is on
@@ -445,7 +438,7 @@ class Episodes:
         """The rows `index`, cut to their longest response, so that the log-probs of a micro-batch of short
         rows are not computed over the mini-batch's longest."""
         micro = self.rows(index)
-        rollout = trimmed(micro.rollout)
+        rollout = micro.rollout.trimmed()
         width = rollout.response_ids.shape[1]
         cut = lambda x: None if x is None else x[:, :width]
         return Episodes(rollout=rollout, advantages=micro.advantages, old_logp=cut(micro.old_logp),
@@ -462,10 +455,8 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     Transformer, or the distributed.ModelCall that is FSDP's root) under autocast at the sampling
     temperature."""
     with distributed.autocast(distributed.device_of(model)):
-        return distributed.run_model(model, sequence_logprobs, rollout.prompts, rollout.cand_ids,
-                                     rollout.cand_weights, rollout.lengths, rollout.response_ids,
-                                     temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens,
-                                     noise_keys=rollout.noise_keys, noise_scales=rollout.noise_scales)
+        return distributed.run_model(model, sequence_logprobs, rollout, temperature=cfg.temperature,
+                                     chunk_tokens=cfg.logprob_chunk_tokens)
 
 
 @torch.no_grad()
@@ -478,7 +469,7 @@ def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor
     bar = tqdm(micro_batches(rollout, cfg, world), desc="replay", leave=False, delay=2, file=sys.stderr,
                disable=None if world.is_main else True)
     for index, real in bar:
-        micro = trimmed(rollout.select(index))  # up to its longest response only
+        micro = rollout.select(index).trimmed()  # up to its longest response only
         logp = replay(model, micro, cfg)[0].float()  # [b, T or less]
         logp = F.pad(logp, (0, width - logp.shape[1]))  # [b, T]
         rows += list(zip(index, logp.cpu() if world.distributed else logp)) if real else []  # stand-ins dropped
@@ -553,7 +544,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
         loss.backward()
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + float(value)
-        entropy_sum += float((entropy * mask).sum())
+        entropy_sum += float((entropy.detach() * mask).sum())
     totals = distributed.mean_across(totals, 1.0, world)  # each rank's sums / (count / W): their mean
     entropy_sum = distributed.sum_across({"entropy": entropy_sum}, world)["entropy"]
     totals["entropy"] = entropy_sum / float(full_mask.sum().clamp_min(1))

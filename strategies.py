@@ -30,7 +30,7 @@ position), and its n outputs are mix64(state + i * golden) for i = 1..n, as spli
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -164,7 +164,7 @@ def normal_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Exploration:
-    strategy: str = "none"  # a key of EXPLORERS: none, neighbor (N-GRPO), soft, gaussian, the release's own
+    strategy: str = "none"  # a key of STRATEGIES: none, neighbor (N-GRPO), soft, gaussian, the release's own
     mix_rate: float = 0.1  # P(a step is mixed); soft mixes every thinking step
     mix_entropy_threshold: float = 0.0  # > 0: mix the steps whose released_entropy is >= this, not by coin
     num_neighbors: int = 1  # neighbor: candidates = anchor + this many table neighbors
@@ -176,8 +176,8 @@ class Exploration:
     stop_mixing_id: int | None = None  # no mixing at or after the step that samples this id (</think>)
 
     def __post_init__(self):
-        if self.strategy not in EXPLORERS:
-            raise ValueError(f"exploration strategy must be one of {', '.join(EXPLORERS)}, "
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"exploration strategy must be one of {', '.join(STRATEGIES)}, "
                              f"not {self.strategy!r}")
         if self.weights not in ("code", "renorm") or self.feed not in ("sampler", "replay-only"):
             raise ValueError(f"mixing weights must be 'code' or 'renorm' (not {self.weights!r}) and feed "
@@ -192,8 +192,7 @@ class Exploration:
 
     @property
     def num_candidates(self) -> int:
-        fixed = {"none": 1, "neighbor": 1 + self.num_neighbors, "orthogonal_noise": 1}
-        return fixed.get(self.strategy, self.top_k)
+        return STRATEGIES[self.strategy].candidates(self)
 
 
 def candidate_table(table: torch.Tensor, num_neighbors: int) -> torch.Tensor:
@@ -230,8 +229,7 @@ def soft_candidates(probs: torch.Tensor, top_k: int,
 # ----------------------------------------------------------------------------- the strategies
 #
 # A strategy is one function of the step (`StepView`) returning the step's record and the next input
-# (`Mixture`). To add one: write explore_NAME below, register it in EXPLORERS, give Exploration the knobs
-# it reads (and num_candidates its K). The decode loop (rollout.py) does not change.
+# (`Mixture`), registered in STRATEGIES at the end of this file with what it records beyond every step's RECORD.
 
 
 @dataclass
@@ -248,6 +246,7 @@ class StepView:
     embed: torch.Tensor  # [V, d] the input embedding E
     cand_table: torch.Tensor | None  # [V, 1 + num_neighbors] (candidate_table), neighbor strategy only
     draws: RowDraws  # this step's per-row random numbers; a strategy takes its own stream (RowDraws, above)
+    state: dict[str, torch.Tensor]  # name -> [B]: the strategy's declared per-row state (Strategy.state), in place
 
 
 @dataclass
@@ -258,13 +257,7 @@ class Mixture:
     cand_weights: torch.Tensor  # [B, K]
     mixed: torch.Tensor  # [B] bool
     inputs: torch.Tensor  # [B, d] in the embedding's dtype
-    noise_keys: torch.Tensor | None = None  # [B] int64: training replays scale * normal_from_keys(key, d)
-    noise_scales: torch.Tensor | None = None  # [B] that noise's std; None = 0 (no replayed noise)
-
-    def __post_init__(self):
-        if self.noise_scales is None:
-            self.noise_keys = torch.zeros_like(self.mixed, dtype=torch.long)
-            self.noise_scales = torch.zeros_like(self.mixed, dtype=torch.float32)
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # the strategy's own record fields, [B] or [B, K]
 
 
 def mix_where(view: StepView, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
@@ -406,13 +399,92 @@ def explore_orthogonal_noise(view: StepView) -> Mixture:
     keys = view.draws.keys(NOISE)
     noisy = anchor + scales[:, None] * normal_from_keys(keys, anchor.shape[1])  # [B, d]
     mixture.inputs = torch.where(mixture.mixed[:, None], noisy, mixture.inputs.float()).to(view.embed.dtype)
-    mixture.noise_keys, mixture.noise_scales = keys, torch.where(mixture.mixed, scales, 0.0)
+    mixture.extra = {"noise_keys": keys, "noise_scales": torch.where(mixture.mixed, scales, 0.0)}
     return mixture
 
 
-EXPLORERS: dict[str, Callable[[StepView], Mixture]] = {
-    "none": explore_none, "neighbor": explore_neighbor, "soft": explore_soft, "gaussian": explore_gaussian,
-    "topk": explore_topk, "topk-gumbel": explore_topk_gumbel,
-    "gaussian_embed_noise": explore_gaussian_embed_noise, "orthogonal_noise": explore_orthogonal_noise,
+# ----------------------------------------------------------------------------- the record and the registry
+
+
+@dataclass(frozen=True)
+class Field:
+    """One quantity of a step's record, or of a row's state: its name and dtype, the value it holds where nothing
+    was written (past a row's end; a fresh row's state; None = the sampling's pad id), and whether a step holds one
+    value per candidate ([K]) rather than one."""
+
+    name: str
+    dtype: torch.dtype
+    pad: float | int | bool | None = 0
+    per_candidate: bool = False
+
+
+# What every decode step records, whatever the strategy: rollout.Rollout's per-step tensors, [B, T] or [B, T, K].
+RECORD = (
+    Field("response_ids", torch.long, pad=None),  # y, the sampled action
+    Field("logprobs", torch.float32, pad=0.0),  # log p(y) at the sampling temperature, after filtering
+    Field("cand_ids", torch.long, pad=None, per_candidate=True),  # the fed input was sum_k w_k E[id_k]; a step
+    Field("cand_weights", torch.float32, pad=0.0, per_candidate=True),  # not mixed holds [y, y, ..], [1, 0, ..]
+    Field("mixed", torch.bool, pad=False),  # the step fed a mixture
+)
+
+
+def mixture_inputs(embed_weight: torch.Tensor, steps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The input a step fed, from its record: the recorded mixture sum_k w_k E[id_k]. [..., d]."""
+    return mixed_embeddings(embed_weight, steps["cand_ids"], steps["cand_weights"])
+
+
+def noisy_mixture_inputs(embed_weight: torch.Tensor, steps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The recorded mixture plus the noise drawn again from its recorded key: + scale * normal_from_keys(key, d)
+    where noise_scales > 0 (what `orthogonal_noise` fed)."""
+    inputs = mixture_inputs(embed_weight, steps)
+    scales = steps["noise_scales"]
+    noisy = scales > 0
+    if not bool(noisy.any()):
+        return inputs
+    noise = torch.zeros(*inputs.shape, device=inputs.device)
+    noise[noisy] = scales[noisy, None] * normal_from_keys(steps["noise_keys"][noisy], inputs.shape[-1])
+    return (inputs.float() + noise).to(inputs.dtype)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """An exploration strategy: its step rule, and what it adds to what every step records.
+
+    explore(view) -> Mixture is the rule; candidates(exploration) -> K, the candidates a step records. record: the
+    fields it records beyond RECORD (Mixture.extra holds them at each step, rollout.Rollout carries them). state:
+    per-row fields the sampler keeps for it in each slot, reset to their pad when a row starts (view.state holds
+    them; update them in place). feed(embed, steps) -> inputs: the input a step fed, from the step's record: what
+    training replays (replay.py)."""
+
+    explore: Callable[[StepView], Mixture]
+    candidates: Callable[[Exploration], int] = lambda x: x.top_k
+    record: tuple[Field, ...] = ()
+    state: tuple[Field, ...] = ()
+    feed: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor] = mixture_inputs
+
+
+NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.float32, pad=0.0))  # std 0 = none
+
+# --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
+# own module), give Exploration the knobs it reads. The sampler, the engine and the replay do not change.
+STRATEGIES: dict[str, Strategy] = {
+    "none": Strategy(explore_none, candidates=lambda x: 1),
+    "neighbor": Strategy(explore_neighbor, candidates=lambda x: 1 + x.num_neighbors),
+    "soft": Strategy(explore_soft),
+    "gaussian": Strategy(explore_gaussian),
+    "topk": Strategy(explore_topk),
+    "topk-gumbel": Strategy(explore_topk_gumbel),
+    "gaussian_embed_noise": Strategy(explore_gaussian_embed_noise),
+    "orthogonal_noise": Strategy(explore_orthogonal_noise, candidates=lambda x: 1, record=NOISE_RECORD,
+                                 feed=noisy_mixture_inputs),
 }
-STRATEGIES = tuple(EXPLORERS)
+
+
+def register(name: str, strategy: Strategy) -> None:
+    """Makes `strategy` available as Exploration(name) (a new name, or a replacement)."""
+    STRATEGIES[name] = strategy
+
+
+def record_fields(strategy: str) -> tuple[Field, ...]:
+    """Everything a step of `strategy` records: RECORD and the strategy's own fields."""
+    return RECORD + STRATEGIES[strategy].record

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
 
 import eval as evaluation
 from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config, parse_config
@@ -37,12 +38,13 @@ from data import (
     pad_id_of,
     tokenize_problems,
 )
-from model import TINY_CONFIG, load_model, random_model, resolve_checkpoint, resolve_device
+from engine.decoder import release_decoder
+from grading.grader import surely_equal
+from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
-from research.analysis import group_diversity, mixture_closeness
 from reward import RewardPool, extract_answer
-from rollout import ROW_TENSORS, Exploration, Rollout, Sampling, exploration_from_config, generate, release_decoder
+from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
 from runtime import distributed, plan
 from runtime.checkpoint import (
     checkpoint_dirs,
@@ -53,6 +55,7 @@ from runtime.checkpoint import (
     save_weights,
     trim_metrics,
 )
+from runtime.diagnostics import group_diversity, mixture_closeness
 from runtime.guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from runtime.tracking import Tracker, step_line
 from runtime.warmstart import held_out_accuracy, warm_start
@@ -73,7 +76,7 @@ class Run:
     world: distributed.World  # this process under torchrun; a world of one without it
     out_dir: Path
     device: torch.device
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     policy: torch.nn.Module  # fp32, trained (the Transformer; under torchrun its parameters are FSDP shards)
     trainer: distributed.ModelCall  # what the update runs the policy through (FSDP's root under torchrun)
     sampler: torch.nn.Module  # the policy itself on one CPU; else an unsharded copy (bf16 on GPU) refreshed
@@ -84,7 +87,7 @@ class Run:
     batcher: PromptBatcher
     pool: RewardPool
     sampling: Sampling
-    exploration: object  # rollout.Exploration
+    exploration: Exploration
     reference: torch.nn.Module | None = None  # the KL term's frozen model (bf16 on GPU)
     table: torch.Tensor | None = None  # the neighbor table in use ([V, k]), for --explore neighbor
     val_sets: list = field(default_factory=list)  # --val-data as eval.py's (name, problems, kind)
@@ -261,7 +264,7 @@ def collect_groups(r: Run, step: int) -> Groups:
         if not cfg.refill or groups_kept >= cfg.prompts_per_step or len(rollouts) > cfg.max_refill_draws:
             break
     release_decoder(r.sampler)  # the KV cache and graphs give their memory back to the update
-    rollout, scores = Rollout.concat(rollouts, r.sampling.pad_id), torch.cat(scores)
+    rollout, scores = Rollout.concat(rollouts), torch.cat(scores)
     rewards = scores
     if cfg.overlong_buffer > 0:
         rewards = scores + overlong_penalty(rollout.lengths.cpu(), cfg.max_new_tokens, cfg.overlong_buffer,
@@ -324,17 +327,12 @@ def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
         score_start = time.perf_counter()
         call_scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(call_texts, call_rows)]))
         score_s += time.perf_counter() - score_start
-        done.append((moved(rollout, "cpu"), call_texts, call_scores))
+        # on the CPU to cross ranks: a pickled CUDA tensor would land on the receiving rank's GPU of the same number
+        done.append((rollout.to("cpu"), call_texts, call_scores))
     calls = distributed.gather_dealt(done, len(starts), world)
-    rollout = moved(Rollout.concat([c[0] for c in calls], r.sampling.pad_id), r.device)
+    rollout = Rollout.concat([c[0] for c in calls]).to(r.device)
     texts, scores = [t for c in calls for t in c[1]], torch.cat([c[2] for c in calls])
     return rollout, texts, scores, time.perf_counter() - start - score_s, score_s
-
-
-def moved(rollout: Rollout, device) -> Rollout:
-    """The rollout with its row tensors on `device` (CPU to cross ranks: a pickled CUDA tensor would land on
-    the receiving rank's GPU of the same number)."""
-    return replace(rollout, **{name: getattr(rollout, name).to(device) for name in ROW_TENSORS})
 
 
 def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, update_s: float) -> dict:
@@ -356,10 +354,11 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         **{key: result.get(key, 0.0) for key in MISMATCH_METRICS},
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
         "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
-        # How different a group's responses are (docs/experiments.md): answers compared by our checker,
-        # or as strings when the reward is math-verify's or the user's.
+        # How different a group's responses are (docs/experiments.md): answers compared by our grader's exact rules
+        # in this process (no second trip to its workers), or as strings when the reward is math-verify's or the
+        # user's.
         **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size,
-                          same=r.pool if cfg.grader == "ours" and not cfg.reward else None),
+                          same=surely_equal if cfg.grader == "ours" and not cfg.reward else None),
         "rollout_s": groups.rollout_s, "score_s": groups.score_s, "update_s": update_s,
         "rollout_tokens_per_s": num_tokens / groups.rollout_s,
         "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
@@ -569,10 +568,7 @@ def load_policy(cfg: Config, device: torch.device, *, seed: int):
     """The fp32 model to train (the random tiny preset, or a checkpoint) and its tokenizer."""
     flag = f"--model {cfg.model}"
     try:
-        if cfg.model == "tiny":
-            policy = random_model(TINY_CONFIG, dtype=torch.float32, device=device, seed=seed)
-        else:
-            policy = load_model(cfg.model, dtype=torch.float32, device=device)
+        policy = load_model(cfg.model, dtype=torch.float32, device=device, seed=seed)
         flag = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else flag
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
@@ -609,7 +605,7 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
     GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read is left to
     load_policy, which says why."""
     try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
-        mc = plan.model_config(cfg.model if cfg.model == "tiny" else str(resolve_checkpoint(cfg.model)))
+        mc = plan.model_config(cfg.model if cfg.model in MODEL_PRESETS else str(resolve_checkpoint(cfg.model)))
     except HubUnreachable as error:  # said at once: load_policy would only ask the hub again
         raise RunError(describe_load_error(error, f"--model {cfg.model}")) from None
     except Exception:  # a missing or unreadable model: load_policy reports it
@@ -719,11 +715,8 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
         source = r.out_dir / "warm_start" if cfg.sft_steps > 0 else None
         distributed.barrier(r.world)  # rank 0 has written warm_start/
         dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
-        if source is not None or cfg.model != "tiny":
-            reference = load_model(str(source or cfg.model), dtype=dtype, device=r.device)
-        else:  # drawn in fp32 and rounded, as the policy's initial weights are
-            reference = random_model(TINY_CONFIG, dtype=torch.float32, device=r.device,
-                                     seed=cfg.seed).to(dtype)
+        # a random preset's reference is the policy's initial weights, drawn from the same seed
+        reference = load_model(str(source or cfg.model), dtype=dtype, device=r.device, seed=cfg.seed)
         reference = reference.eval().requires_grad_(False)
         r.reference = distributed.shard_model(reference, r.world) if r.world.distributed else reference
     if r.device.type != "cpu" or r.world.distributed:

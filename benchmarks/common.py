@@ -3,9 +3,16 @@ summaries, the real model shapes and their transformers twins, peak memory, devi
 
 import json
 import os
+import resource
 import statistics
 import sys
 from pathlib import Path
+
+import torch
+
+from engine.decoder import decoder_for
+from model import TINY_CONFIG
+from rollout import Exploration, Sampler, Sampling
 
 # The repo root; bench.py there is the one entry (benchmarks that measure in a fresh process run it again).
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +42,6 @@ SHAPES = {"1.5b": "tokenizers/DeepSeek-R1-Distill-Qwen-1.5B/config.json",
 
 def shape_config(shape: str):
     """The tiny preset's ModelConfig, or the path of a real architecture's config.json in ../shared."""
-    from model import TINY_CONFIG
-
     if shape == "tiny":
         return TINY_CONFIG
     path = SHARED_DATA / SHAPES[shape]
@@ -59,24 +64,16 @@ def transformers_twin(model):
 
 
 def peak_mem_mb(device) -> float:
-    import resource
-
-    import torch
-
     if device.type == "cuda":
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # the process's peak RSS
 
 
 def torch_dtype(device):
-    import torch
-
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
 def sync(device) -> None:
-    import torch
-
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -90,16 +87,14 @@ def rss_mb(field: str) -> float:
 
 
 def busy_decoder(model, slots: int, max_len: int, *, cuda_graph: bool, exploration=None):
-    """(rollout.Decoder, its Sampler) with every slot holding a live row that never stops (plain sampling at
-    temperature 1): what a decode-step measurement steps. Set state.prompt_len / state.length to place the
-    rows; each step advances length by one."""
-    import torch
-
-    import rollout
-
-    decoder = rollout.decoder_for(model, slots, max_len, cuda_graph)
-    sampler = decoder.begin(model, rollout.Sampling(max_new_tokens=max_len), exploration or rollout.Exploration(),
-                            0, None)
+    """(engine.decoder.Decoder, the key of its rollout.Sampler) with every slot holding a live row that never stops
+    (plain sampling at temperature 1): what a decode-step measurement steps, `decoder.step(model, key, window)`.
+    Set state.prompt_len / state.length to place the rows; each step advances length by one."""
+    decoder = decoder_for(model, slots, max_len, cuda_graph)
+    sampling, exploration = Sampling(max_new_tokens=max_len), exploration or Exploration()
+    key = (sampling, exploration)
+    sampler = decoder.start(model, key, lambda: Sampler(sampling, exploration, model.embed_tokens.weight))
+    sampler.begin(0, None)
     rows = torch.arange(slots, device=decoder.device)
     decoder.state.fill(rows, rows, rows, torch.ones_like(rows))
-    return decoder, sampler
+    return decoder, key

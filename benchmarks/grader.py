@@ -2,6 +2,7 @@
 accuracy on equivalent and wrong rewritings, and agreement with math-verify on a format corpus."""
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -11,7 +12,9 @@ import statistics
 import time
 from fractions import Fraction
 
+import reward
 from benchmarks.common import EVAL_DATA, emit, latency_ms, note
+from grading import grader
 
 # Used when ../shared/data is absent: answers in the shapes MATH-500 has, with a one-line solution each.
 GENERATED_ANSWERS = [
@@ -176,9 +179,6 @@ def bench_grader(args: argparse.Namespace) -> None:
     """Throughput (RewardPool, warm workers) and one-at-a-time latency (is_equiv / math_reward, one shared
     worker) on MATH-500 reference answers against themselves, equivalent rewritings and wrong answers;
     ~8k-character responses; adversarial inputs; agreement with math-verify when it is installed."""
-    import reward
-    from grading import grader
-
     rng = random.Random(args.seed)
     source, problems = load_problems()
     references = [str(problem["answer"]) for problem in problems]
@@ -311,8 +311,6 @@ def _terminates(denominator: int) -> bool:
 
 def format_cases(reference: str) -> list[tuple[str, str, bool]]:
     """(kind, prediction, expected verdict) rewritings of one reference answer in the formats of the issue."""
-    from grading import grader
-
     answer = grader.normalize(reference)
     value = grader.plain_number(answer.text)
     forms = []
@@ -401,10 +399,6 @@ def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
     """The format corpus scored by ours and by math-verify (in our pool: same timeout); agreement overall and
     by kind, each grader's accuracy against the expected verdicts, false positives, and every
     disagreement on stderr."""
-    import importlib.util
-
-    import reward
-
     if importlib.util.find_spec("math_verify") is None:
         note("math-verify is not installed (pip install math-verify): skipping the agreement check")
         return
@@ -453,16 +447,16 @@ def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
 
 
 def add_parser(subparsers) -> None:
-    grader = subparsers.add_parser("grader", help="reward checker: speed, accuracy, agreement with math-verify")
-    grader.add_argument("--workers", type=int, default=None, help="RewardPool workers (default: min(8, CPUs))")
-    grader.add_argument("--timeout-s", type=float, default=5.0, help="per-check time limit")
-    grader.add_argument("--responses", type=int, default=256, help="number of long responses")
-    grader.add_argument("--response-chars", type=int, default=8000, help="length of each long response")
-    grader.add_argument("--seed", type=int, default=0)
-    grader.add_argument("--no-math-verify", dest="math_verify", action="store_false",
+    parser = subparsers.add_parser("grader", help="reward checker: speed, accuracy, agreement with math-verify")
+    parser.add_argument("--workers", type=int, default=None, help="RewardPool workers (default: min(8, CPUs))")
+    parser.add_argument("--timeout-s", type=float, default=5.0, help="per-check time limit")
+    parser.add_argument("--responses", type=int, default=256, help="number of long responses")
+    parser.add_argument("--response-chars", type=int, default=8000, help="length of each long response")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-math-verify", dest="math_verify", action="store_false",
                         help="skip the agreement check even when math-verify is installed")
-    grader.add_argument("--corpus-every", type=int, default=5,
+    parser.add_argument("--corpus-every", type=int, default=5,
                         help="format corpus: every N-th reference also goes inside long responses")
-    grader.add_argument("--corpus-response-chars", type=int, default=3000,
+    parser.add_argument("--corpus-response-chars", type=int, default=3000,
                         help="format corpus: length of the <think> part of each long response")
-    grader.set_defaults(run=bench_grader)
+    parser.set_defaults(run=bench_grader)

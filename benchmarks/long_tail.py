@@ -6,14 +6,16 @@ import math
 import random
 import statistics
 
+import torch
+
 from benchmarks.common import torch_dtype
+from model import ModelConfig, random_model
+from rollout import Sampler
 
 
 def long_tail_model(args, device):
     """A random model at a shape where attention matters on a CPU: hidden 256, 2 layers, 4 query / 2 KV
     heads, `args.vocab` tokens."""
-    from model import ModelConfig, random_model
-
     config = ModelConfig(family="qwen2", vocab_size=args.vocab, hidden_size=256, intermediate_size=768,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, qkv_bias=True,
                          max_position_embeddings=8192)
@@ -66,10 +68,6 @@ def forced_lengths_sampler(lengths: list[int], max_new_tokens: int, stop_id: int
     and never before (never at all when lengths[i] = max_new_tokens: the row is truncated at the limit).
     A random model's own stop decisions cannot follow a chosen distribution; this makes every row's length
     the drawn one in every engine, and leaves the rest of the step (forward, sampling, record) as it is."""
-    import torch
-
-    from rollout import Sampler
-
     sample = Sampler.__call__
     # [N + 1]: each row's stop position; the last entry is for empty slots (row -1), which are never live.
     stop_at = torch.tensor([n - 1 if n < max_new_tokens else max_new_tokens for n in lengths]

@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import emit
+from runtime import checkpoint
 
 
 def bench_manifest(args: argparse.Namespace) -> None:
-    from runtime import checkpoint
-
     sizes = {"optimizer.pt": 2 / 3, "model.safetensors": 1 / 3}  # AdamW's two moments are twice the weights
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         paths = []

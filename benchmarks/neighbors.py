@@ -4,17 +4,16 @@ import argparse
 import statistics
 import time
 
+import torch
+
 from benchmarks.common import SHAPES, emit, peak_mem_mb, shape_config
+from model import random_model
+from neighbors import build_neighbor_table
 
 
 def bench_neighbors(args: argparse.Namespace) -> None:
     """build_neighbor_table over the output matrix of a random model of the given shape, in the dtype the
     sampler holds it (bf16 on CUDA, fp32 on CPU). No disk cache: every run searches."""
-    import torch
-
-    from model import random_model
-    from neighbors import build_neighbor_table
-
     device = torch.device(args.device)
     shape = args.shape or ("1.5b" if device.type == "cuda" else "tiny")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16

@@ -19,9 +19,19 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
+import torch
+
+import eval as evaluation
+import train
 from benchmarks.common import BENCH, ROOT, SHARED_DATA, emit, note, rss_mb
+from config import preset
+from data import load_tokenizer, pad_id_of, tokenize_problems
+from model import ModelConfig, random_model, save_model
+from rollout import exploration_from_config
+from runtime import plan
 
 CONFIG = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-1.5B" / "config.json"
 TOKENIZER = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-rebuilt"
@@ -54,8 +64,6 @@ class Meter:
         # the phase, it would hide the phase's own growth.
         gc.collect()
         if self.device == "cuda":  # on a GPU: the caching allocator's peak over what is allocated
-            import torch
-
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             return torch.cuda.memory_allocated() / 2**20
@@ -64,8 +72,6 @@ class Meter:
 
     def _peak(self) -> float:
         if self.device == "cuda":
-            import torch
-
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated() / 2**20
         return rss_mb("VmHWM")
@@ -105,11 +111,6 @@ def random_checkpoint(work: Path, layers: int, device: str = "cpu") -> Path:
     """The 1.5B architecture at `layers` layers with random bf16 weights and the rebuilt tokenizer, in the
     Hugging Face layout; built once per work directory. The weights are drawn on `device`: on the H200 host, drawing
     and saving the 28 layers on its CPU took 63 s of scarce device time."""
-    import torch
-
-    from data import load_tokenizer
-    from model import ModelConfig, random_model, save_model
-
     target = work / f"r1-distill-1.5b-{layers}-layers"
     if (target / "config.json").exists():
         return target
@@ -126,10 +127,6 @@ def random_checkpoint(work: Path, layers: int, device: str = "cpu") -> Path:
 
 def run_config(args, checkpoint: Path, out_dir: Path, **overrides):
     """paper-1.5b at rehearsal size: a few rows x a few dozen tokens, a checkpoint every step, no validation."""
-    from dataclasses import replace
-
-    from config import preset
-
     settings = dict(model=str(checkpoint), tokenizer=str(TOKENIZER), data=str(TRAIN_DATA),
                     prompts_per_step=args.prompts, group_size=args.group_size, mini_batch_prompts=args.prompts,
                     rollout_batch_size=0, micro_batch_size=args.prompts * args.group_size,
@@ -142,9 +139,6 @@ def run_config(args, checkpoint: Path, out_dir: Path, **overrides):
 
 def check_ids(cfg) -> None:
     """The real chat template and special ids, as train.py gets them."""
-    from data import load_tokenizer, pad_id_of, tokenize_problems
-    from rollout import exploration_from_config
-
     tokenizer = load_tokenizer(cfg.tokenizer)
     (problem,), _ = tokenize_problems([{"problem": "What is 1+1?", "answer": "2"}], tokenizer,
                                       max_prompt_tokens=cfg.max_prompt_tokens, instruction=cfg.instruction)
@@ -157,8 +151,6 @@ def check_ids(cfg) -> None:
 
 def predictions(cfg, checkpoint: Path):
     """Per-phase predicted bytes from runtime/plan.py, for the CPU and the prompts as the run renders them."""
-    from runtime import plan
-
     mc = plan.model_config(str(checkpoint))
 
     def the_plan(prompt_tokens):
@@ -189,12 +181,7 @@ def predictions(cfg, checkpoint: Path):
 
 def rehearse(args) -> None:
     """The inner process: every phase measured (see the module docstring)."""
-    import torch
-
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    import eval as evaluation
-    import train
-
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     meter = Meter(args.device)

@@ -6,9 +6,15 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
+import subprocess
 import sys
 import time
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
 
 from benchmarks.common import (
     BENCH,
@@ -22,15 +28,15 @@ from benchmarks.common import (
     transformers_twin,
 )
 from benchmarks.long_tail import forced_lengths_sampler, long_tail_lengths, long_tail_model
+from engine import decoder as engine_decoder
+from engine.decoder import Decoder, release_decoder
+from model import random_model
+from neighbors import build_neighbor_table
+from rollout import Exploration, Sampler, Sampling, generate, sample_tokens
+from strategies import TOKEN, RowDraws, mixed_embeddings
 
 
 def bench_rollout(args: argparse.Namespace) -> None:
-    import torch
-
-    from model import random_model
-    from neighbors import build_neighbor_table
-    from rollout import Exploration, Sampling, generate
-
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     config = shape_config(args.shape)
@@ -99,13 +105,6 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
     batches (the same engine with refill=False) vs static batches attending over the whole cache (the
     engine before refill), one after another in one process. Per-row randomness makes all three produce
     the same rows, which is checked."""
-    from unittest import mock
-
-    import torch
-
-    import rollout
-    from rollout import Decoder, Sampler, Sampling, generate, release_decoder
-
     device = torch.device(args.device)
     model = long_tail_model(args, device)
     rng = random.Random(args.seed)
@@ -122,15 +121,15 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
     def run(name):
         counts[name] = [0, 0]
 
-        def counted(decoder, model, sampler, window):  # the machine-independent cost of the run
+        def counted(decoder, model, key, window):  # the machine-independent cost of the run
             counts[name][0] += 1
             counts[name][1] += decoder.slots * window
-            return decode_step(decoder, model, sampler, window)
+            return decode_step(decoder, model, key, window)
 
         # static_full_cache: every window is the whole cache, as the engine before refill read it.
-        min_window = 1 << 30 if name == "static_full_cache" else rollout.MIN_WINDOW
+        min_window = 1 << 30 if name == "static_full_cache" else engine_decoder.MIN_WINDOW
         release_decoder(model)  # a fresh cache of the exact size for each engine
-        with (mock.patch.object(rollout, "MIN_WINDOW", min_window),
+        with (mock.patch.object(engine_decoder, "MIN_WINDOW", min_window),
               mock.patch.object(Decoder, "step", counted), mock.patch.object(Sampler, "__call__", forced)):
             return generate(model, prompts, sampling, seed=args.seed, slots=args.slots, **configs[name])
 
@@ -161,15 +160,11 @@ def bench_rollout_long_tail(args: argparse.Namespace) -> None:
 def bench_decode_step(args: argparse.Namespace) -> None:
     """The time of one decode step of the long-tail model for --slots rows against the attention window
     (the filled cache length it reads), up to the whole cache of prompt_len + new_tokens."""
-    import torch
-
-    import rollout
-
     device = torch.device(args.device)
     model = long_tail_model(args, device)
-    decoder, sampler = busy_decoder(model, args.slots, args.prompt_len + args.new_tokens,
-                                            cuda_graph=device.type == "cuda" and args.cuda_graph)
-    window = rollout.MIN_WINDOW
+    decoder, key = busy_decoder(model, args.slots, args.prompt_len + args.new_tokens,
+                                cuda_graph=device.type == "cuda" and args.cuda_graph)
+    window = engine_decoder.MIN_WINDOW
     while True:
         window = min(window, decoder.max_len)
         timings = []
@@ -178,7 +173,7 @@ def bench_decode_step(args: argparse.Namespace) -> None:
             decoder.state.length.zero_()
             sync(device)
             start = time.perf_counter()
-            decoder.step(model, sampler, window)
+            decoder.step(model, key, window)
             sync(device)
             timings.append(time.perf_counter() - start)
         emit({"bench": "decode_step", "device": device.type, "slots": args.slots, "window": window,
@@ -198,13 +193,6 @@ MEMORY_CASES = {
 
 def memory_case(case: str, after: bool) -> None:
     """Runs one case once in this process and prints its peak resident memory above the set-up's."""
-    import resource
-
-    import torch
-    import torch.nn.functional as F
-
-    from strategies import mixed_embeddings
-
     torch.manual_seed(0)
     if case == "prefill":  # 8 prompts of 2048 tokens into a cache, the long-tail model
         model = long_tail_model(argparse.Namespace(vocab=1024), torch.device("cpu"))
@@ -240,8 +228,6 @@ def memory_case(case: str, after: bool) -> None:
 
 def bench_rollout_memory(args: argparse.Namespace) -> None:
     """Peak memory before and after each item-5 change, one fresh process per measurement (CPU, peak RSS)."""
-    import subprocess
-
     for case, labels in MEMORY_CASES.items():
         for after, label in enumerate(labels):
             command = [sys.executable, str(BENCH), "rollout", "--memory-of", case]
@@ -254,11 +240,6 @@ def bench_rollout_memory(args: argparse.Namespace) -> None:
 def bench_draw_cost(args: argparse.Namespace) -> None:
     """One sampling draw per row from p [rows, vocab]: per-row hashed uniforms and the float64 inverse CDF
     (rollout.sample_tokens) against the generator-drawn exponential race the sampler used before."""
-    import torch
-
-    from rollout import sample_tokens
-    from strategies import TOKEN, RowDraws
-
     device = torch.device(args.device)
     generator = torch.Generator(device).manual_seed(0)
     for rows, vocab in ((args.slots, args.vocab), (64, 151936)):

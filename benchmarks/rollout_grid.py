@@ -9,7 +9,7 @@
    graph capture): its time is the rollout's warm-up (warm_up_compile_s: torch.compile's part of it). With
    --hf-whole-max-s, transformers' rollouts that would take longer are estimated from its decode step at their
    mean window (hf_sampled), and say so.
-3. The decode step (rollout.Decoder) at --batch-for-steps rows at each attention window up to the longest
+3. The decode step (engine.decoder.Decoder) at --batch-for-steps rows at each attention window up to the longest
    prompt + response, graphed, against its memory floor: the bytes one step must read (every weight but the
    input embedding, whose B rows are gathered; the K and V of the window) and write (fp32 logits), over the copy
    bandwidth from 1. Twice: the model's step alone (decode_step_model) and the whole step the rollout replays,
@@ -27,7 +27,16 @@ import statistics
 import time
 import traceback
 
-from benchmarks.common import SHAPES, emit, note, shape_config, sync, torch_dtype, transformers_twin
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.common import SHAPES, busy_decoder, emit, note, shape_config, sync, torch_dtype, transformers_twin
+from engine import kernels
+from engine.decoder import MIN_WINDOW
+from model import random_model
+from neighbors import build_neighbor_table
+from rollout import Exploration, Sampling, generate
 
 
 def seconds_of(device, run) -> float:
@@ -41,8 +50,6 @@ def seconds_of(device, run) -> float:
 
 def ceilings(device, gib: float) -> dict:
     """Copy bandwidth (GB/s, read + write) over a gib-GiB buffer, and bf16 (GPU) / fp32 (CPU) matmul TFLOP/s."""
-    import torch
-
     source = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device).normal_()
     target = torch.empty_like(source)
     n = 1024 if device.type == "cpu" else 8192  # a CPU run checks the harness: a small product will do
@@ -101,26 +108,19 @@ class Grid:
             traceback.print_exc()
             emit({"bench": "rollout_grid", **what, "error": f"{type(error).__name__}: {error}"[:500]})
             if "out of memory" in str(error).lower():
-                import torch
-
                 torch.cuda.empty_cache()
 
 
 def graphed_model_step(model, decoder, window: int | None, flash=None):
-    """A function that replays the model's part of a decode step (rollout.Decoder's cache, positions in a
-    buffer; attention by `flash`, a model.FlashDecode, else over `window` slots) from a CUDA graph of its own; on
-    a CPU it runs it eagerly. Returns (run, positions buffer)."""
-    import torch
-    import torch.nn.functional as F
-
-    import model as M
-
+    """A function that replays the model's part of a decode step (engine.decoder.Decoder's cache, positions in a
+    buffer; attention by `flash`, an engine.kernels.FlashDecode, else over `window` slots) from a CUDA graph of its
+    own; on a CPU it runs it eagerly. Returns (run, positions buffer)."""
     inputs = torch.randn(decoder.slots, model.cfg.hidden_size, device=decoder.device, dtype=decoder.dtype) * 0.02
     positions = torch.zeros(decoder.slots, dtype=torch.long, device=decoder.device)
 
     def run():
-        hidden = M.decode_hidden(model, inputs, positions, decoder.cache, ops=decoder.ops, window=window,
-                                 flash=flash)
+        hidden = kernels.decode_hidden(model, inputs, positions, decoder.cache, ops=decoder.ops, window=window,
+                                       flash=flash)
         decoder.logits.copy_(F.linear(hidden, model.output_weight))
 
     if decoder.device.type != "cuda":
@@ -142,25 +142,21 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
     """Each window's graphed decode step (CUDA; eager on a CPU), the model's part alone (with both of
     FlashAttention's layouts when both_layouts) and the whole step with sampling, against the memory floor.
     Returns {window: median seconds of the whole step}."""
-    import model as M
-    import rollout
-    from benchmarks.common import busy_decoder
-
     graphed = device.type == "cuda"
-    decoder, sampler = busy_decoder(model, batch, max_len, cuda_graph=graphed)
+    decoder, key = busy_decoder(model, batch, max_len, cuda_graph=graphed)
     if decoder.flash is not None:
         emit({"bench": "rollout_grid", "part": "flash_layout", "batch": batch, "cache_len": decoder.max_len,
               "chosen": "grouped" if decoder.flash.grouped else "split", "attention_ms": decoder.flash_timings})
     if windows is None:
-        windows, window = [], rollout.MIN_WINDOW
+        windows, window = [], MIN_WINDOW
         while window < max_len:
             windows.append(window)
             window *= 2
         windows.append(max_len)
-    layouts = {"sdpa_window": None}  # attention name -> model.FlashDecode (None: windowed SDPA, a graph each)
+    layouts = {"sdpa_window": None}  # attention name -> kernels.FlashDecode (None: windowed SDPA, a graph each)
     if decoder.flash is not None:
         groups = model.cfg.num_heads // model.cfg.num_kv_heads
-        layouts = {f"flash_{'grouped' if grouped else 'split'}": M.flash_decode(
+        layouts = {f"flash_{'grouped' if grouped else 'split'}": kernels.flash_decode(
             batch, decoder.max_len, groups, grouped, device) for grouped in (decoder.flash.grouped,
                                                                             not decoder.flash.grouped)}
         if not both_layouts:
@@ -179,7 +175,7 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
             run_model, positions = model_steps[name]
             positions.fill_(window - 1)
             parts.append(("decode_step_model", name, run_model, floor_s))
-        parts.append(("decode_step", list(layouts)[0], lambda: (place(), decoder.step(model, sampler, window)),
+        parts.append(("decode_step", list(layouts)[0], lambda: (place(), decoder.step(model, key, window)),
                       floor_s + batch * model.cfg.vocab_size * 4 / (bandwidth * 1e9)))  # + the logits read once
         for part, attention, run, floor_part_s in parts:
             what = {"part": part, "batch": batch, "window": window, "cuda_graph": graphed, "attention": attention}
@@ -199,9 +195,6 @@ def decode_steps(model, device, batch: int, max_len: int, repeats: int, bandwidt
 
 def implementations(model, twin, prompts, seed: int) -> dict:
     """impl -> a function of the number of new tokens that runs one whole rollout of `prompts` [B, P]."""
-    from neighbors import build_neighbor_table
-    from rollout import Exploration, Sampling, generate
-
     table = build_neighbor_table(model.output_weight, 1)
     graphed = model.output_weight.device.type == "cuda"
 
@@ -220,8 +213,6 @@ def implementations(model, twin, prompts, seed: int) -> dict:
 def hf_generate(twin, prompts, tokens: int):
     """transformers' `generate` of exactly `tokens` new tokens for each row of `prompts` [B, P], sampled at
     temperature 1 with no top-k or top-p, as ours samples."""
-    import torch
-
     ids = prompts.to(twin.device)
     return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
                          top_k=0, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
@@ -237,8 +228,6 @@ def hf_sampled(twin, device, batch: int, prompt_len: int, new_tokens: int, repea
     after an untimed one at the same shapes (transformers' first run at new shapes is far slower: the benefit
     of the doubt, as its whole-run warm-up). Its step grows with the window, near linearly (each step
     concatenates to a dynamic cache), so the step at the mean window is the mean step."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     vocab = twin.config.vocab_size
     mean_window = prompt_len + new_tokens // 2
@@ -266,7 +255,7 @@ def hf_sampled(twin, device, batch: int, prompt_len: int, new_tokens: int, repea
 def compile_seconds() -> float:
     """Seconds torch.compile has spent in this process so far (tracing and the backend's compile, for every
     function), by dynamo's own timer; 0 where this torch does not keep it."""
-    import torch._dynamo.utils
+    import torch._dynamo.utils  # torch.compile's machinery: seconds to import, so only when asked
 
     return sum(getattr(torch._dynamo.utils, "compilation_time_metrics", {}).get("_compile.compile_inner", []))
 
@@ -291,8 +280,6 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
     """Whole rollouts of `batch` prompts x `new_tokens` for each implementation, interleaved; transformers'
     estimated from sampled steps instead (hf_sampled) where its whole runs are predicted to take over
     hf_whole_max_s. Returns {impl: median seconds} of the whole runs."""
-    import torch
-
     vocab = model.cfg.vocab_size
     prompts = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     runs = implementations(model, twin, prompts, seed)
@@ -364,22 +351,18 @@ def rollouts(model, twin, device, batch: int, prompt_len: int, new_tokens: int, 
 def profile_step(model, device, batch: int, window: int, out: str | None, grid: Grid) -> None:
     """torch.profiler over ten eager decode steps (sampling included): the kernels by their device time (CPU:
     by CPU time)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.common import busy_decoder
-
     if not grid.fits(0, {"part": "profile"}):
         return
-    decoder, sampler = busy_decoder(model, batch, window, cuda_graph=False)
+    decoder, key = busy_decoder(model, batch, window, cuda_graph=False)
     decoder.state.prompt_len.fill_(window - 11)
     for _ in range(3):
-        decoder.step(model, sampler, window)
+        decoder.step(model, key, window)
     sync(device)
     decoder.state.length.zero_()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(10):
-            decoder.step(model, sampler, window)
+            decoder.step(model, key, window)
         sync(device)
     key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=25)
@@ -390,10 +373,6 @@ def profile_step(model, device, batch: int, window: int, out: str | None, grid: 
 
 
 def bench_rollout_grid(args: argparse.Namespace) -> None:
-    import torch
-
-    from model import random_model
-
     grid = Grid(args.budget_s)
     device = torch.device(args.device)
     facts = {"bench": "rollout_grid", "part": "machine", "device": device.type, "torch": torch.__version__}

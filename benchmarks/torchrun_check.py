@@ -17,9 +17,14 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from safetensors.torch import load_file
+
+from benchmarks import rehearsal
 from benchmarks.common import ROOT, emit, note
+from config import preset
 
 TIMING = ("_s", "per_s", "seconds")  # metric names that are timings end so; they differ run to run
 
@@ -40,8 +45,6 @@ def metrics(out_dir: Path) -> list[dict]:
 
 
 def weights(checkpoint: Path) -> dict:
-    from safetensors.torch import load_file
-
     state = {}
     for file in sorted(checkpoint.glob("*.safetensors")):
         state.update({k: v.float() for k, v in load_file(str(file)).items()})
@@ -69,22 +72,16 @@ def compare(name: str, ours: Path, plain: Path, first: Path) -> dict:
 
 
 def bench_torchrun_check(args: argparse.Namespace) -> None:
-    from config import preset
-
     work = Path(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     settings = dict(device=args.device, max_steps=args.steps, save_every=1, keep_last=args.steps, overwrite=True,
                     log_completions_every=0, val_data="", keep_best="", val_before_train=False)
     if args.preset != "tiny":  # the real width and vocabulary at --layers layers, random weights
-        from benchmarks import rehearsal
-
         checkpoint = rehearsal.random_checkpoint(work, args.layers, args.device)
         settings.update(model=str(checkpoint), tokenizer=str(rehearsal.TOKENIZER), data=str(rehearsal.TRAIN_DATA),
                         prompts_per_step=4, group_size=4, mini_batch_prompts=4, rollout_batch_size=0,
                         micro_batch_size=16, max_new_tokens=args.new_tokens, max_prompt_tokens=256)
-    from dataclasses import replace
-
     config = work / "config.json"
     replace(preset(args.preset), **settings).save_json(config)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone"]

@@ -2,17 +2,24 @@
 against transformers' full logits + log_softmax: speed, peak memory and the fp32 log-prob gap."""
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import BENCH, SHAPES, emit, note, rss_mb, shape_config, transformers_twin
 from benchmarks.common import sync as sync_device
 from benchmarks.train_long_tail import add_arguments as add_long_tail_arguments
 from benchmarks.train_long_tail import bench_train_long_tail
+from engine.logprobs import token_logprobs
+from model import random_model
 
 TRAIN_DEFAULTS = {"cpu": dict(shape="tiny", batch=8, seq_len=512, repeats=10),
                   "cuda": dict(shape="1.5b", batch=1, seq_len=8192, repeats=5)}
@@ -21,10 +28,6 @@ TRAIN_DEFAULTS = {"cpu": dict(shape="tiny", batch=8, seq_len=512, repeats=10),
 def train_setup(args: argparse.Namespace, device):
     """Our fp32 model (the trained weights stay fp32: README.md, "The real run"), its transformers twin holding the very
     same Parameter objects (one copy of the weights and of .grad serves both), and a random batch."""
-    import torch
-
-    from model import random_model
-
     config = shape_config(args.shape)
     model = random_model(config, dtype=torch.float32, device=device, seed=0)
     twin = transformers_twin(model)
@@ -42,8 +45,6 @@ def train_setup(args: argparse.Namespace, device):
 
 def ours_logprobs(model, ids, chunk_tokens: int = 1024):
     """log p(ids[:, t+1] | ids[:, :t+1]), [B, T-1], from hidden states in chunks: never [B, T, V] logits."""
-    from replay import token_logprobs
-
     hidden = model.forward_hidden(ids)  # [B, T, d]
     return token_logprobs(hidden[:, :-1], model.output_weight, ids[:, 1:], chunk_tokens=chunk_tokens)[0]
 
@@ -56,8 +57,6 @@ def theirs_logprobs(twin, ids):
 
 def train_steps(model, twin, ids, chunk_tokens: int, autocast) -> dict:
     """impl -> a function that runs one forward + backward of sum(log p(next token)) over the batch."""
-    import torch
-
     mask = torch.ones(ids.shape[0], ids.shape[1] - 1, device=ids.device)  # every position scored
 
     def ours():
@@ -90,8 +89,6 @@ def cpu_step_memory_mb(args: argparse.Namespace, impl: str) -> float:
     mapping, returned to the system when freed (RSS then follows live memory). There, after a warm-up step
     and with .grad freed, it resets the peak RSS (/proc/self/clear_refs) and reports peak minus current
     RSS over one more step: activations, logits and the gradients it allocates."""
-    import subprocess
-
     command = [sys.executable, str(BENCH), "train", "--memory-of", impl, "--device", "cpu", "--shape", args.shape,
                "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--chunk-tokens", str(args.chunk_tokens)]
     if args.grad_checkpointing:
@@ -105,14 +102,10 @@ def cpu_step_memory_mb(args: argparse.Namespace, impl: str) -> float:
 
 def bench_train(args: argparse.Namespace) -> None:
     """One forward + backward of the training log-prob path on the same weights and batch: ours (hidden
-    states -> replay.token_logprobs in chunks of --chunk-tokens, never [B, T, V] logits) against
+    states -> engine.logprobs.token_logprobs in chunks of --chunk-tokens, never [B, T, V] logits) against
     transformers' model computing full logits + log_softmax + gather. CUDA: fp32 weights under bf16
     autocast, as training runs; CPU: fp32. `peak_mem_mb` is what the step adds at its peak on top of the
     weights and the batch (CUDA: the allocator's peak; CPU: see cpu_step_memory_mb)."""
-    import contextlib
-
-    import torch
-
     if args.long_tail:
         bench_train_long_tail(args)
         return
@@ -170,8 +163,6 @@ def bench_train(args: argparse.Namespace) -> None:
 def timed_steps(model, steps: dict, repeats: int, device, peak: dict) -> tuple[dict, dict]:
     """({impl: seconds of each timed step}, {impl: seconds of its warm-up step}); on CUDA `peak` gets each impl's
     largest allocator peak over what was allocated before its step (MB)."""
-    import torch
-
     seconds, warm_up_s = {impl: [] for impl in steps}, {}
     for impl, step in steps.items():  # warm-up (ours_compiled: its compile)
         model.zero_grad(set_to_none=True)
@@ -198,9 +189,6 @@ def timed_steps(model, steps: dict, repeats: int, device, peak: dict) -> tuple[d
 
 def profile_steps(model, steps: dict, out: str) -> None:
     """torch.profiler over one step of each implementation: its kernels by device time, into `out`."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     with open(out, "w") as f:
         for impl, step in steps.items():
             model.zero_grad(set_to_none=True)

@@ -9,6 +9,7 @@ Each update runs in a fresh process (peak RSS only grows within one), the two ki
 checks that both kinds end with the same weights and metrics."""
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -18,8 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from benchmarks.common import BENCH, emit, note, rss_mb
 from benchmarks.long_tail import long_tail_lengths, long_tail_model
+from config import Config
+from ngrpo import micro_batches, replay_tokens, update
+from rollout import Rollout
 
 KINDS = ("fixed-rows", "token-budget")
 REPEATS = 2  # updates of each kind when --repeats is not given (an update at 2,048 tokens takes a minute on a CPU)
@@ -29,10 +35,6 @@ def long_tail_rollout(args, vocab: int):
     """A rollout record of args.rows rows as the sampler would leave it: prompts of 16..args.prompt_len
     tokens, long_tail_lengths responses (those at the limit not finished), and neighbor mixing at 10% of
     the steps (2 candidates, weights 0.7 / 0.3). Random ids: the update's cost does not depend on them."""
-    import torch
-
-    from rollout import Rollout
-
     g = torch.Generator().manual_seed(args.seed)
     rows, T = args.rows, args.new_tokens
     prompt_lens = torch.randint(16, args.prompt_len + 1, (rows,), generator=g).tolist()
@@ -43,14 +45,12 @@ def long_tail_rollout(args, vocab: int):
     cand_ids = torch.stack([response_ids, torch.where(mixed, torch.randint(1, vocab, (rows, T), generator=g),
                                                       response_ids)], -1)  # [N, T, 2]
     cand_weights = torch.stack([torch.where(mixed, 0.7, 1.0), torch.where(mixed, 0.3, 0.0)], -1)
-    record = Rollout(prompts, response_ids, lengths, lengths < T, torch.zeros(rows, T), cand_ids, cand_weights,
-                     mixed, torch.zeros(rows, T, dtype=torch.long), torch.zeros(rows, T))
-    return record
+    steps = dict(response_ids=response_ids, logprobs=torch.zeros(rows, T), cand_ids=cand_ids,
+                 cand_weights=cand_weights, mixed=mixed)  # strategies.RECORD: what neighbor mixing records
+    return Rollout(prompts, lengths, lengths < T, steps, strategy="neighbor")
 
 
 def update_config(args, kind: str):
-    from config import Config
-
     return Config(group_size=4, prompts_per_step=args.rows // 4, mini_batch_prompts=args.rows // 8,
                   max_new_tokens=args.new_tokens, kl_coef=0.01, lr=1e-5, micro_batch_size=args.micro_batch_size,
                   micro_batch_tokens=args.micro_batch_tokens if kind == "token-budget" else 0)
@@ -59,8 +59,6 @@ def update_config(args, kind: str):
 def padded_fraction(rollout, cfg) -> float:
     """The share of the positions the update's forwards compute that are padding: the two no-grad replays
     over all rows and the policy's forward over each mini-batch, each micro-batch padded to its longest."""
-    from ngrpo import micro_batches, replay_tokens
-
     def positions(record) -> tuple[int, int]:
         tokens = replay_tokens(record)
         plan = micro_batches(record, cfg)
@@ -75,12 +73,6 @@ def padded_fraction(rollout, cfg) -> float:
 
 def one_update(args) -> None:
     """The child: one update of `args.update_of` kind; prints wall, peak memory and metrics, saves weights."""
-    import copy
-
-    import torch
-
-    from ngrpo import update
-
     device = torch.device("cpu")
     policy = long_tail_model(args, device).train()
     policy.gradient_checkpointing = True  # as train.py runs by default
@@ -112,8 +104,6 @@ def run_child(args, kind: str, save: Path) -> dict:
 
 
 def bench_train_long_tail(args: argparse.Namespace) -> None:
-    import torch
-
     if args.micro_batch_tokens is None:  # the worst case of the fixed rows: the same peak memory at most
         args.micro_batch_tokens = args.micro_batch_size * (args.prompt_len + args.new_tokens - 1)
     if args.repeats is None:  # `bench.py train`'s --repeats: each path has its own default

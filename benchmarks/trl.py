@@ -21,7 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from benchmarks.common import BENCH, SHARED_DATA, emit, note
+from config import Config
+from data import load_tokenizer, math_prompt
+from model import ModelConfig, load_model, random_model, save_model
+from ngrpo import update
+from rollout import Sampling, generate
 
 TOKENIZER = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-rebuilt"
 PROBLEMS = SHARED_DATA / "train" / "deepscaler_partial_803.jsonl"
@@ -34,8 +41,6 @@ def stand_in_reward(text: str) -> float:
 
 def prompt_messages(count: int) -> list[list[dict]]:
     """The first `count` training problems as one user turn each (the paper's prompt)."""
-    from data import math_prompt
-
     rows = [json.loads(line) for line in PROBLEMS.read_text().splitlines()[:count]]
     return [[{"role": "user", "content": math_prompt(row["problem"], final_period=False)}] for row in rows]
 
@@ -43,8 +48,6 @@ def prompt_messages(count: int) -> list[list[dict]]:
 def write_model(args, tokenizer, out_dir: Path) -> None:
     """A random Qwen2 of --hidden / --layers with the tokenizer's vocabulary, untied (as R1-Distill), in the
     Hugging Face layout both sides load."""
-    from model import ModelConfig, random_model, save_model
-
     config = ModelConfig(family="qwen2", vocab_size=len(tokenizer), hidden_size=args.hidden,
                          intermediate_size=3 * args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
                          head_dim=args.hidden // 4, qkv_bias=True, max_position_embeddings=4096,
@@ -54,14 +57,6 @@ def write_model(args, tokenizer, out_dir: Path) -> None:
 
 def ours(args, model_dir: Path) -> dict:
     """Our step as train.py runs it on CPU: generate (rollout.py) -> reward -> ngrpo.update."""
-    import torch
-
-    from config import Config
-    from data import load_tokenizer
-    from model import load_model
-    from ngrpo import update
-    from rollout import Sampling, generate
-
     tokenizer = load_tokenizer(str(model_dir))
     prompts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)
                for m in prompt_messages(args.prompts)]
@@ -92,7 +87,6 @@ def ours(args, model_dir: Path) -> dict:
 
 def theirs(args, model_dir: Path) -> dict:
     """TRL's GRPOTrainer, timed per optimizer step (a callback) and per generation (`_generate`)."""
-    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -147,8 +141,6 @@ def run_side(args, side: str, model_dir: Path) -> dict:
 
 def bench_trl(args: argparse.Namespace) -> None:
     if args.side:  # a child: one side's steps in this fresh process
-        import torch
-
         torch.manual_seed(args.seed)
         result = (ours if args.side == "ours" else theirs)(args, Path(args.model_dir))
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -162,8 +154,6 @@ def bench_trl(args: argparse.Namespace) -> None:
     if not TOKENIZER.is_dir() or not PROBLEMS.is_file():
         note(f"bench.py trl: {TOKENIZER} or {PROBLEMS} not found (../shared is absent); skipped")
         return
-    from data import load_tokenizer
-
     runs = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory() as tmp:
         write_model(args, load_tokenizer(str(TOKENIZER)), Path(tmp))
@@ -172,7 +162,6 @@ def bench_trl(args: argparse.Namespace) -> None:
                 load = os.getloadavg()[0]
                 runs[side].append(run_side(args, side, Path(tmp)) | {"load_1min": load})
                 note(f"trl: {side} {[round(s['step_s'], 2) for s in runs[side][-1]['steps']]} s (load {load:.1f})")
-    import torch
     import transformers
 
     shape = {"prompts": args.prompts, "group": args.group, "new_tokens": args.new_tokens, "hidden": args.hidden,

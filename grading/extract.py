@@ -435,6 +435,12 @@ def _several_letters(first: str, more: re.Match | None) -> bool:
     return bool(more) and bool(set(re.findall(r"\b[A-Z]\b", more.group())) - {first})
 
 
+def gives_choice(response: str, reference_letter: str) -> bool:
+    """Whether the last multiple-choice letter the response gives (extract_choice) is the reference letter."""
+    letter = extract_choice(response)
+    return letter is not None and letter == reference_letter.strip().strip("()").upper()
+
+
 def extract_choice(response: str) -> str | None:
     """The last multiple-choice letter a response gives: "Answer: X", \\boxed{X}, or a final line that is
     just X; None when it gives none, or when the last of these names several options ("Answer: A, C",

@@ -3,10 +3,8 @@
     python -m research.analysis compare RUN_A RUN_B [--out FILE]   # two eval.py output directories (or samples.jsonl)
     python -m research.analysis diversity RUN [RUN ...]            # group diversity of evaluated runs
 
-Diversity (cheap, no model calls; for metrics.jsonl every step; docs/experiments.md defines each key):
-    group_diversity(texts, scores, group_size, same=pool)  -> {"div/distinct_answers": ..., ...}
-    mixture_cosine(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> mean cos(e_mixed, E[y])
-    mixture_closeness(same arguments)  -> (mean ||e_mixed - E[y]|| / ||E[y]||, mean cos), one pass
+Diversity of evaluated runs: runtime/diagnostics.py's group_diversity (what metrics.jsonl records each training
+step; docs/experiments.md defines each key) over each problem's samples, answers compared by the reward's pool.
 
 Uncertainty (eval.py's estimators: a bootstrap over problems: percentile intervals, RESAMPLES seeded draws):
     eval.intervals({"p1": [True, False, ...], ...})  -> {"mean@n": [lo, hi], "pass@1": [lo, hi], ...}
@@ -18,138 +16,14 @@ Uncertainty (eval.py's estimators: a bootstrap over problems: percentile interva
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 import reward
 from eval import LEVEL, PASS_KS, RESAMPLES, bootstrap_means, metric_values, percentile_interval
-
-NGRAM_ORDERS = (1, 2, 3, 4)
-
-# ----------------------------------------------------------------------------- group diversity
-
-
-def _verdicts(pairs: list[tuple[str, str]], same) -> list[bool]:
-    """same(a, b) for each pair: `same` is a callable, or a RewardPool-like object whose judge() checks a
-    batch in its worker processes (bounded time), or None for equality of the stripped strings."""
-    if same is None:
-        return [a.strip() == b.strip() for a, b in pairs]
-    if hasattr(same, "judge"):
-        return same.judge([([a], b) for a, b in pairs], getattr(same, "timeout_s", 5.0))
-    return [bool(same(a, b)) for a, b in pairs]
-
-
-def count_distinct_answers(groups: list[list[str]], same=None) -> list[int]:
-    """Equivalence classes among each group's answers: an answer joins the class of the first earlier
-    representative it is the same as, else starts a new one. All pairs a checker must decide are sent in
-    one batch (identical strings are the same without asking).
-
-    >>> same_number = lambda a, b: float(eval(a)) == float(eval(b))
-    >>> count_distinct_answers([["1/2", "0.5", "2"], ["3", "3"]], same=same_number)
-    [2, 1]
-    """
-    asked = sorted({(a, b) for group in groups for i, a in enumerate(group) for b in group[i + 1:] if a != b})
-    known = dict(zip(asked, _verdicts(asked, same)))
-    is_same = lambda a, b: a == b or known.get((a, b)) or known.get((b, a))
-    counts = []
-    for group in groups:
-        representatives: list[str] = []
-        for answer in group:
-            if not any(is_same(rep, answer) for rep in representatives):
-                representatives.append(answer)
-        counts.append(len(representatives))
-    return counts
-
-
-def ngram_set(text: str, n: int) -> set[tuple[str, ...]]:
-    """The distinct n-grams of a text's whitespace-separated words."""
-    words = text.split()
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def pairwise_distinct_ratio(texts: Sequence[str], n: int) -> list[float]:
-    """For each pair of texts: the share of the pair's distinct n-grams that only one of the two uses,
-    |S_a ^ S_b| / |S_a | S_b| = 1 - Jaccard(S_a, S_b). 0 = the same n-grams, 1 = none shared. A pair where
-    neither text has n words has no value.
-
-    >>> pairwise_distinct_ratio(["a b c", "a b d"], 1), pairwise_distinct_ratio(["a b c", "a b d"], 2)
-    ([0.5], [0.6666666666666667])
-    """
-    sets = [ngram_set(text, n) for text in texts]
-    ratios = []
-    for i in range(len(sets)):
-        for j in range(i + 1, len(sets)):
-            union = len(sets[i] | sets[j])
-            if union:
-                ratios.append(1.0 - len(sets[i] & sets[j]) / union)
-    return ratios
-
-
-def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: int, *, same=None) -> dict:
-    """Diversity of one step's groups: rows g*G .. g*G+G-1 of `texts` (decoded responses) and `scores`
-    (correctness, 1 / 0: not a shaped reward) are group g. Returns averages over the step's groups:
-
-    - div/distinct_answers: equivalence classes among a group's extracted final answers
-      (reward.extract_answer; `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once);
-      responses without an answer are left out (a group with none has 0)
-    - div/no_answer: fraction of responses without an extracted answer
-    - div/mixed_groups: fraction of groups with at least one correct and one wrong response
-    - div/distinct_n (n = 1..4): mean over all pairs of responses within a group of pairwise_distinct_ratio;
-      absent when no pair has n words
-    """
-    if group_size < 1 or len(texts) % group_size or len(texts) != len(scores):
-        raise ValueError(f"group_diversity: {len(texts)} texts and {len(scores)} scores do not form groups "
-                         f"of {group_size}")
-    groups = [list(texts[i : i + group_size]) for i in range(0, len(texts), group_size)]
-    answers = [reward.extract_answer(text) for text in texts]
-    answered = [[a.strip() for a in answers[i : i + group_size] if a is not None]
-                for i in range(0, len(texts), group_size)]
-    group_scores = [scores[i : i + group_size] for i in range(0, len(texts), group_size)]
-    metrics = {
-        "div/distinct_answers": sum(count_distinct_answers(answered, same)) / len(groups),
-        "div/no_answer": sum(a is None for a in answers) / len(answers),
-        "div/mixed_groups": sum(max(g) > 0 >= min(g) for g in group_scores) / len(groups),
-    }
-    for n in NGRAM_ORDERS:
-        ratios = [r for group in groups for r in pairwise_distinct_ratio(group, n)]
-        if ratios:
-            metrics[f"div/distinct_{n}"] = sum(ratios) / len(ratios)
-    return metrics
-
-
-def mixture_cosine(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
-                   response_ids: torch.Tensor, mixed: torch.Tensor, *, chunk: int = 4096) -> float | None:
-    """Mean cosine similarity between the fed mixture sum_k w_k E[c_k] and E[y] over the mixed steps (the
-    paper's Appendix E reports 0.9985); None when no step was mixed. See mixture_closeness."""
-    closeness = mixture_closeness(embed_weight, cand_ids, cand_weights, response_ids, mixed, chunk=chunk)
-    return None if closeness is None else closeness[1]
-
-
-def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
-                      response_ids: torch.Tensor, mixed: torch.Tensor, *,
-                      chunk: int = 4096) -> tuple[float, float] | None:
-    """(mean ||e_mixed - E[y]|| / ||E[y]||, mean cos(e_mixed, E[y])) over the mixed steps, in one pass; None
-    when no step was mixed. Chunked: a step's mixed positions times K times d would not fit in memory at once.
-
-    embed_weight [V, d]; cand_ids, cand_weights [N, T, K]; response_ids [N, T]; mixed [N, T] bool."""
-    from strategies import mixed_embeddings
-
-    where = mixed.nonzero(as_tuple=True)
-    if where[0].numel() == 0:
-        return None
-    ids, weights, actions = cand_ids[where], cand_weights[where], response_ids[where]  # [M, K], [M, K], [M]
-    distance, cosine = 0.0, 0.0
-    with torch.no_grad():
-        for start in range(0, len(actions), chunk):
-            part = slice(start, start + chunk)
-            fed = mixed_embeddings(embed_weight, ids[part], weights[part]).float()  # [m, d]
-            own = embed_weight[actions[part]].float()  # [m, d]
-            distance += float(((fed - own).norm(dim=-1) / own.norm(dim=-1).clamp_min(1e-12)).sum())
-            cosine += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
-    return distance / len(actions), cosine / len(actions)
-
+from runtime.diagnostics import NGRAM_ORDERS, group_diversity
 
 # ----------------------------------------------------------------------------- paired comparison of two runs
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+import data
 from eval import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
 from research.analysis import load_samples
 
@@ -98,7 +99,6 @@ def materialize_benchmarks(specs, out_dir: Path, *, write: bool = True) -> list[
     """eval.py --benchmarks entries: built-in `arith...` sets become JSONL files (their test split; eval.py
     reads the sets themselves too, but the sweeps' recorded commands name the files). write=False (--dry-run):
     only their paths."""
-    import data
 
     specs = specs.split(",") if isinstance(specs, str) else list(specs)
     paths = []

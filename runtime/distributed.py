@@ -167,10 +167,8 @@ def unsharded_copy(model: Transformer, *, dtype: torch.dtype, device) -> Transfo
     """A plain Transformer with `model`'s weights (gathered one parameter at a time) in `dtype` on `device`,
     without gradients: the sampler copy. Every rank calls it."""
     with torch.device("meta"):
-        copy = Transformer(model.cfg).to(dtype)  # no memory yet: allocated once, in `dtype`, on `device`
+        copy = Transformer(model.cfg, model.hf_config).to(dtype)  # no memory yet: allocated once, on `device`
     copy = copy.to_empty(device=device).requires_grad_(False)
-    if hasattr(model, "hf_config"):
-        copy.hf_config = model.hf_config
     copy_weights(model, copy)
     return copy
 
@@ -190,10 +188,8 @@ def model_from_state(model: Transformer, state: dict[str, torch.Tensor]) -> Tran
     """A Transformer of `model`'s architecture holding `state` (tensors used as they are, not copied):
     what `model.save_model` is given on rank 0."""
     with torch.device("meta"):
-        holder = Transformer(model.cfg)
+        holder = Transformer(model.cfg, model.hf_config)
     holder.load_state_dict(state, assign=True)
-    if hasattr(model, "hf_config"):
-        holder.hf_config = model.hf_config
     return holder
 
 

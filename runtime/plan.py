@@ -24,14 +24,13 @@ from pathlib import Path
 import torch
 
 from data import describe_load_error, hub_snapshot
-from model import TINY_CONFIG, ModelConfig, Transformer, kv_cache_bytes
+from engine.decoder import CACHE_ROUND, PREFILL_TOKENS
+from model import MODEL_PRESETS, ModelConfig, Transformer, kv_cache_bytes
 
 GIB = 2**30
 CUDA_RESERVED_BYTES = GIB  # CUDA context, cuBLAS / NCCL workspaces: memory torch's allocator never sees
 FRAGMENTATION = 0.10  # the caching allocator's blocks that are reserved but not in use, as a share of the peak
-PREFILL_TOKENS = 16384  # rollout.PREFILL_TOKENS (not imported: rollout.py pulls in the sampler's whole stack)
 DECODE_VOCAB_BUFFERS = 5  # fp32 [rows, V] tensors of one decode step: logits, their copy, filtered, probs, draws
-CACHE_ROUND = 256  # rollout.decoder_for: the KV cache's positions per row, rounded up to a multiple of this
 LOGIT_CHUNK_BUFFERS = 3  # fp32 [chunk, V] tensors alive at once in a log-prob chunk's forward
 BACKWARD_MLP_BUFFERS = 2  # [tokens, intermediate] gradients alive at once in one block's backward
 
@@ -87,8 +86,8 @@ class Plan:
 def model_config(name_or_path: str) -> ModelConfig:
     """The architecture of --model from its config.json alone: 'tiny', a local checkpoint directory, a
     config.json path, or a hub id (only config.json is downloaded)."""
-    if name_or_path == "tiny":
-        return TINY_CONFIG
+    if name_or_path in MODEL_PRESETS:
+        return MODEL_PRESETS[name_or_path]
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -231,7 +230,7 @@ def kv_bytes_per_token(mc: ModelConfig, element: int) -> int:
 
 def rollout_buffer_bytes(cfg, mc: ModelConfig, rows: int, prompt_tokens: int, element: int) -> int:
     """Beside the KV cache during a rollout: the decode step's fp32 [rows, V] logits and sampling buffers,
-    a prefill chunk's own cache and activations, and the record of every row's steps (rollout.Record)."""
+    a prefill chunk's own cache and activations, and the record of every row's steps (engine.decoder.Record)."""
     decode = DECODE_VOCAB_BUFFERS * 4 * rows * mc.vocab_size
     prefill_tokens = min(PREFILL_TOKENS, max(PREFILL_TOKENS // prompt_tokens, 1) * prompt_tokens,
                          rows * prompt_tokens)

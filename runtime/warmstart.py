@@ -6,7 +6,7 @@ after RL. A real run starts from a trained model and skips it (--sft-steps 0).""
 import torch
 
 from data import PromptBatcher
-from replay import token_logprobs
+from engine.logprobs import token_logprobs
 from rollout import Sampling, generate
 from runtime import distributed
 from runtime.tracking import progress

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 import eval as S
+from grading.grader import surely_equal
 from research import analysis as A
 from reward import RewardPool
+from runtime import diagnostics as D
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,20 +32,28 @@ def test_equivalent_answers_count_once_through_the_checker():
              "I am not sure yet.", "Let me think about it more.", "Hmm, that is hard to say.",
              "Not sure."]  # no answers at all: 0 classes (a lone formula such as "x" would be one)
     with RewardPool(num_workers=1) as pool:
-        metrics = A.group_diversity(texts, [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0], 4, same=pool)
+        metrics = D.group_diversity(texts, [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0], 4, same=pool)
     assert metrics["div/distinct_answers"] == pytest.approx((2 + 1 + 0) / 3)
     assert metrics["div/no_answer"] == pytest.approx(6 / 12)
     assert metrics["div/mixed_groups"] == pytest.approx(1 / 3)  # only the first group has both
 
 
+def test_in_process_the_graders_exact_rules_decide_without_its_workers():
+    """What a training step passes (grading.grader.surely_equal): 1/2, \\frac{1}{2} and 0.5 count once, no pool."""
+    texts = [boxed("\\frac{1}{2}"), boxed("0.5"), boxed("1/2"), boxed("3"), boxed("4"), boxed("4.0"), boxed("5"),
+             "no answer"]
+    metrics = D.group_diversity(texts, [1, 1, 1, 0, 0, 0, 0, 0], 4, same=surely_equal)
+    assert metrics["div/distinct_answers"] == pytest.approx((2 + 2) / 2)  # {1/2, 3}, {4, 5}
+
+
 def test_without_a_checker_only_identical_strings_count_once():
     texts = [boxed("\\frac{1}{2}"), boxed("0.5"), boxed(" 0.5 "), boxed("3")]
-    assert A.group_diversity(texts, [0, 0, 0, 0], 4)["div/distinct_answers"] == 3
+    assert D.group_diversity(texts, [0, 0, 0, 0], 4)["div/distinct_answers"] == 3
 
 
 def test_a_plain_callable_decides_equivalence():
     same = lambda a, b: abs(float(a) - float(b)) < 1e-9
-    assert A.count_distinct_answers([["2", "2.0", "3", "3.00", "4"]], same=same) == [3]
+    assert D.count_distinct_answers([["2", "2.0", "3", "3.00", "4"]], same=same) == [3]
 
 
 def test_distinct_ngram_ratios_by_hand():
@@ -54,7 +64,7 @@ def test_distinct_ngram_ratios_by_hand():
     #   n=4: {abca} {} {}; pairs (1,2) 1, (1,3) 1, (2,3) no value -> 1
     # Second group: two identical texts "x y z": 0 for n = 1..3; no 4-gram: no value.
     texts = ["a b c a", "a b d", "e f", "x y z", "x y z", "x y z"]
-    metrics = A.group_diversity(texts, [0] * 6, 3)
+    metrics = D.group_diversity(texts, [0] * 6, 3)
     assert metrics["div/distinct_1"] == pytest.approx((0.5 + 1 + 1 + 0 + 0 + 0) / 6)
     assert metrics["div/distinct_2"] == pytest.approx((0.75 + 1 + 1) / 6)
     assert metrics["div/distinct_3"] == pytest.approx(3 / 6)
@@ -63,7 +73,7 @@ def test_distinct_ngram_ratios_by_hand():
 
 def test_groups_must_divide_the_texts():
     with pytest.raises(ValueError, match="groups of 4"):
-        A.group_diversity(["a"] * 6, [0] * 6, 4)
+        D.group_diversity(["a"] * 6, [0] * 6, 4)
 
 
 def test_mixture_cosine_equals_a_hand_loop():
@@ -83,10 +93,10 @@ def test_mixture_cosine_equals_a_hand_loop():
                 own = [float(x) for x in embed[response_ids[n, t]]]
                 dot = sum(x * y for x, y in zip(fed, own))
                 cosines.append(dot / math.sqrt(sum(x * x for x in fed) * sum(y * y for y in own)))
-    got = A.mixture_cosine(embed, cand_ids, cand_weights, response_ids, mixed, chunk=2)  # chunks of 2 of 3
+    got = D.mixture_cosine(embed, cand_ids, cand_weights, response_ids, mixed, chunk=2)  # chunks of 2 of 3
     assert got == pytest.approx(sum(cosines) / len(cosines), abs=1e-6)
     none_mixed = torch.zeros(N, T, dtype=torch.bool)
-    assert A.mixture_cosine(embed, cand_ids, cand_weights, response_ids, none_mixed) is None
+    assert D.mixture_cosine(embed, cand_ids, cand_weights, response_ids, none_mixed) is None
 
 
 # ----------------------------------------------------------------------------- bootstrap

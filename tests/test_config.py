@@ -103,4 +103,4 @@ def test_exploration_flags_reach_the_sampler():
 
 def test_every_exploration_strategy_has_its_flag_value():
     explore = next(f for f in dataclasses.fields(Config) if f.name == "explore")
-    assert explore.metadata["choices"] == STRATEGIES
+    assert explore.metadata["choices"] == tuple(STRATEGIES)

@@ -25,7 +25,7 @@ from config import preset
 from model import TINY_CONFIG, random_model, save_model
 from ngrpo import LossSettings, policy_loss
 from replay import sequence_logprobs
-from rollout import length_mask
+from rollout import Rollout, length_mask
 from runtime import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +74,11 @@ def batch_loss(call, batch: dict, rows: list[int], normalizer=None):
     """The policy loss of `rows` of the fixed batch through `call` (a ModelCall, sharded or not)."""
     pick = {k: [v[i] for i in rows] if k == "prompts" else v[rows] for k, v in batch.items()}
     mask = length_mask(pick["lengths"], pick["response_ids"].shape[1])
-    logp, _ = call(sequence_logprobs, pick["prompts"], pick["cand_ids"], pick["cand_weights"],
-                   pick["lengths"], pick["response_ids"])
+    rows_, T = pick["response_ids"].shape
+    steps = dict(response_ids=pick["response_ids"], logprobs=torch.zeros(rows_, T), cand_ids=pick["cand_ids"],
+                 cand_weights=pick["cand_weights"], mixed=torch.ones(rows_, T, dtype=torch.bool))
+    record = Rollout(pick["prompts"], pick["lengths"], torch.ones(rows_, dtype=torch.bool), steps, "neighbor")
+    logp, _ = call(sequence_logprobs, record)
     return policy_loss(logp, pick["old_logp"], pick["advantages"], mask, ref_logp=pick["ref_logp"],
                        settings=LossSettings.of(CFG),
                        normalizer=normalizer)

@@ -11,12 +11,16 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import model as M
-import rollout
 import train
 from config import preset
+from engine import decoder as engine_decoder
+from engine import kernels
+from engine.decoder import release_decoder
+from engine.logprobs import token_logprobs
 from neighbors import build_neighbor_table
 from replay import sequence_logprobs
-from rollout import Exploration, Sampling, generate
+from rollout import Exploration, Sampler, Sampling, generate, sample_tokens
+from strategies import bits_to_uniform, seed_state, step_uniforms
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -81,9 +85,7 @@ def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
     table = build_neighbor_table(ours.output_weight, 1)
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, max_new_tokens=24),
                        Exploration(strategy, mix_rate=0.5, top_k=4), neighbor_table=table, seed=5)
-    logp, _ = sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights, rollout.lengths,
-                                rollout.response_ids, temperature=0.7, noise_keys=rollout.noise_keys,
-                                noise_scales=rollout.noise_scales)
+    logp, _ = sequence_logprobs(ours, rollout, temperature=0.7)
     mask = rollout.response_mask()
     assert rollout.mixed.any()
     assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4
@@ -91,7 +93,7 @@ def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
 
 def bf16_copy(models):
     ours = copy.deepcopy(models[1]).to(torch.bfloat16)
-    rollout.release_decoder(ours)
+    release_decoder(ours)
     return ours
 
 
@@ -105,14 +107,14 @@ def test_flash_decode_attention_reads_each_rows_own_slots_and_equals_sdpa(groupe
     q = torch.randn(S, H, D, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(S, M_, Hkv, D, device="cuda", generator=g).bfloat16() for _ in range(2))
     positions = torch.tensor([0, 7, 63, 150, 199], device="cuda")
-    plan = M.flash_decode(S, M_, H // Hkv, grouped, "cuda")
+    plan = kernels.flash_decode(S, M_, H // Hkv, grouped, "cuda")
     q_in = q.view(S, Hkv, H // Hkv, D).transpose(1, 2).contiguous() if grouped else q
-    flash = M.decode_attention(q_in, k, v, positions, flash=plan)
-    masked = M.decode_attention(q, k, v, positions, mask=torch.arange(M_, device="cuda") <= positions[:, None])
+    flash = kernels.decode_attention(q_in, k, v, positions, flash=plan)
+    masked = kernels.decode_attention(q, k, v, positions, mask=torch.arange(M_, device="cuda") <= positions[:, None])
     assert (flash.float() - masked.float()).norm() / masked.float().norm() < 1e-2
     beyond = torch.arange(M_, device="cuda")[None, :] > positions[:, None]  # [S, M]
     k[beyond], v[beyond] = 100.0, -100.0
-    assert torch.equal(M.decode_attention(q_in, k, v, positions, flash=plan), flash)
+    assert torch.equal(kernels.decode_attention(q_in, k, v, positions, flash=plan), flash)
 
 
 @torch.no_grad()
@@ -121,19 +123,20 @@ def test_the_bf16_fast_step_matches_the_full_forward(models, grouped):
     """The bf16 decode step as rollouts run it on a GPU (inductor-compiled elementwise functions, fused q/k/v and
     gate/up, FlashAttention over each row's own length) against the full forward of the same bf16 weights."""
     ours = bf16_copy(models)
-    M.fuse_projections(ours)
+    kernels.fuse_projections(ours)
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(0, V, (n,), generator=g).cuda() for n in (3, 9, 17, 40)]
     S, max_len, steps = len(rows), 64, 6
     cache = ours.new_cache(S, max_len)
-    ops, plan = M.decode_ops("inductor"), M.flash_decode(S, max_len, 2, grouped, "cuda")  # 4 heads, 2 KV heads
+    ops = kernels.decode_ops("inductor")
+    plan = kernels.flash_decode(S, max_len, 2, grouped, "cuda")  # 4 heads, 2 KV heads
     width = max(len(r) for r in rows)
     prompt_ids = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
     ours.forward_hidden(prompt_ids, cache=cache, cache_pos=0)
     extra = torch.randint(0, V, (S, steps), generator=g).cuda()
     for t in range(steps):
         positions = torch.tensor([len(r) + t for r in rows], device="cuda")
-        hidden = M.decode_hidden(ours, ours.embed_tokens(extra[:, t]), positions, cache, ops=ops, flash=plan)
+        hidden = kernels.decode_hidden(ours, ours.embed_tokens(extra[:, t]), positions, cache, ops=ops, flash=plan)
         logits = torch.nn.functional.linear(hidden, ours.output_weight).float()
         for b, row in enumerate(rows):
             full = ours(torch.cat([row, extra[b, : t + 1]])[None])[0, -1].float()
@@ -149,14 +152,15 @@ def test_graphs_are_captured_once_and_reused_by_later_calls(models):
     kwargs = dict(sampling=Sampling(temperature=0.8, max_new_tokens=90, stop_ids=(0, 50)), neighbor_table=table,
                   exploration=Exploration("neighbor", mix_rate=0.3), slots=3)
     generate(ours, PROMPTS, seed=1, **kwargs)
-    decoder = rollout._DECODERS[ours]
+    decoder = engine_decoder._DECODERS[ours]
     assert decoder.flash is not None and decoder.captures == 1
     later = generate(ours, [p[::-1] for p in PROMPTS[:4]] + [[9] * 30], seed=2, **kwargs)
-    assert rollout._DECODERS[ours] is decoder and decoder.captures == 1
-    rollout.release_decoder(ours)
+    assert engine_decoder._DECODERS[ours] is decoder and decoder.captures == 1
+    release_decoder(ours)
     fresh = generate(ours, [p[::-1] for p in PROMPTS[:4]] + [[9] * 30], seed=2, **kwargs)
-    for name in rollout.ROW_TENSORS:
-        assert torch.equal(getattr(later, name), getattr(fresh, name)), name
+    assert later.steps.keys() == fresh.steps.keys()
+    for name, value in {"lengths": later.lengths, "finished": later.finished, **later.steps}.items():
+        assert torch.equal(value, getattr(fresh, name)), name
 
 
 @torch.no_grad()
@@ -168,28 +172,28 @@ def test_a_decode_step_never_waits_for_the_host(models):
     sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=40, stop_ids=(3,))
     exploration = Exploration("neighbor", mix_rate=0.5, stop_mixing_id=7)
     generate(ours, PROMPTS, sampling, exploration, neighbor_table=table, cuda_graph=False)  # compiles, warms up
-    decoder = rollout._DECODERS[ours]
-    sampler = decoder.begin(ours, sampling, exploration, 0, table)
+    decoder = engine_decoder._DECODERS[ours]
+    key = (sampling, exploration)  # generate's key for the sampler it ran: kept by the decoder, not built again
+    sampler = decoder.start(ours, key, lambda: Sampler(sampling, exploration, ours.embed_tokens.weight))
+    sampler.begin(0, table)
     rows = torch.arange(len(PROMPTS), device="cuda")
     decoder.state.fill(rows, rows, rows, torch.full_like(rows, 4))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(rollout.SYNC_EVERY):
-            decoder.step(ours, sampler, 64)
+        for _ in range(engine_decoder.SYNC_EVERY):
+            decoder.step(ours, key, 64)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert int(decoder.state.length.sum()) == len(PROMPTS) * rollout.SYNC_EVERY
+    assert int(decoder.state.length.sum()) == len(PROMPTS) * engine_decoder.SYNC_EVERY
 
 
 def test_the_steps_draws_and_token_choice_on_the_gpu_equal_the_cpus():
     """The decode step's draws compiled for the GPU (one kernel) are the CPU's bit for bit, and the two-level
     inverse CDF on the GPU picks the CPU's tokens, at the real vocabulary's size (151,936: 1,187 blocks)."""
-    from strategies import bits_to_uniform, seed_state, step_uniforms
-
     keys, positions = torch.arange(64) * 7 + 3, torch.arange(64) % 13
     seed = torch.tensor(seed_state((5, 2)))
-    compiled = rollout.step_uniforms_for("inductor")
+    compiled = kernels.compiled_once(step_uniforms, "inductor")  # as the sampler's step runs it on a GPU
     on_gpu = compiled(seed.cuda(), keys.cuda(), positions.cuda())
     for gpu, cpu in zip(on_gpu, step_uniforms(seed, keys, positions)):
         assert torch.equal(gpu.cpu(), cpu)
@@ -197,16 +201,14 @@ def test_the_steps_draws_and_token_choice_on_the_gpu_equal_the_cpus():
     probs = (torch.randn(64, 151_936, generator=g) * 3).softmax(-1)
     probs[:8, :50_000] = 0  # rows whose first blocks hold nothing
     uniforms = bits_to_uniform(torch.randint(-2**63, 2**63 - 1, (64,), generator=g))
-    on_gpu = rollout.sample_tokens(probs.cuda(), uniforms.cuda()).cpu()
-    assert torch.equal(on_gpu, rollout.sample_tokens(probs, uniforms))
+    on_gpu = sample_tokens(probs.cuda(), uniforms.cuda()).cpu()
+    assert torch.equal(on_gpu, sample_tokens(probs, uniforms))
 
 
 def test_the_fused_log_prob_kernels_equal_the_log_softmax_path():
-    """On a GPU replay.token_logprobs runs compiled kernels (logprob_stats, logits_grad); their log-probs, entropies
-    and gradients equal the CPU's log_softmax path on the same numbers (fp32), with a temperature and a last
-    chunk shorter than the others."""
-    from replay import token_logprobs
-
+    """On a GPU engine.logprobs.token_logprobs runs compiled kernels (logprob_stats, logits_grad); their log-probs,
+    entropies and gradients equal the CPU's log_softmax path on the same numbers (fp32), with a temperature and a
+    last chunk shorter than the others."""
     g = torch.Generator().manual_seed(4)
     hidden, weight = torch.randn(3, 70, 32, generator=g), torch.randn(1000, 32, generator=g) * 0.3
     labels, upstream = torch.randint(0, 1000, (3, 70), generator=g), torch.randn(3, 70, generator=g)

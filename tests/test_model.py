@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 import model as M
+from engine import kernels
 
 TOL = 1e-4
 COMMON = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -231,12 +232,12 @@ def decode_rows(ours, rows, lengths, steps: int, max_len: int, window: int | Non
     ours.forward_hidden(prompt_ids, cache=cache, cache_pos=0)
     if fuse:
         ours = copy.deepcopy(ours)  # the module's model stays as loaded
-        M.fuse_projections(ours)
+        kernels.fuse_projections(ours)
     out = []
     for t in range(steps):
         positions = torch.tensor(lengths) + t
         inputs = ours.embed_tokens(torch.stack([r[n + t] for r, n in zip(rows, lengths)]))
-        hidden = M.decode_hidden(ours, inputs, positions, cache, ops=M.decode_ops(None), window=window)
+        hidden = kernels.decode_hidden(ours, inputs, positions, cache, ops=kernels.decode_ops(None), window=window)
         out.append(torch.nn.functional.linear(hidden, ours.output_weight))
     return torch.stack(out)
 
@@ -266,7 +267,7 @@ def test_fused_projections_keep_names_and_values_and_follow_in_place_writes():
     ours = M.Transformer(M.ModelConfig.from_hf(hf.config.to_dict()))
     ours.load_state_dict({k.removeprefix("model."): v for k, v in hf.state_dict().items()})
     before = {k: v.clone() for k, v in ours.state_dict().items()}
-    assert M.fuse_projections(ours) and not M.fuse_projections(ours)  # the second call finds it fused
+    assert kernels.fuse_projections(ours) and not kernels.fuse_projections(ours)  # the second call finds it fused
     after = ours.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     attn = ours.layers[1].self_attn
@@ -275,7 +276,7 @@ def test_fused_projections_keep_names_and_values_and_follow_in_place_writes():
     attn.k_proj.weight.copy_(torch.full_like(attn.k_proj.weight, 0.5))  # an in-place refresh
     assert bool((attn.qkv[0].split(attn.qkv_sizes)[1] == 0.5).all())
     attn.v_proj.weight = torch.nn.Parameter(torch.zeros_like(attn.v_proj.weight))  # a replacement
-    assert M.fuse_projections(ours)
+    assert kernels.fuse_projections(ours)
     assert bool((attn.qkv[0].split(attn.qkv_sizes)[2] == 0).all())
     assert torch.equal(attn.qkv[0].split(attn.qkv_sizes)[0], before["layers.1.self_attn.q_proj.weight"])
 

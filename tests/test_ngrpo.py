@@ -15,6 +15,7 @@ import model as M
 import ngrpo
 import replay
 from config import Config
+from engine import logprobs
 from neighbors import build_neighbor_table
 from rollout import Exploration, Sampling, generate
 
@@ -270,7 +271,8 @@ def logprob_path(request, monkeypatch):
     """Both ways ChunkedLogprobs computes a chunk: log_softmax (a CPU) and the fused functions a GPU compiles
     (logprob_stats, logits_grad), here run as written."""
     if request.param == "fused":
-        monkeypatch.setattr(replay, "_fused_or_none", lambda device: (replay.logprob_stats, replay.logits_grad))
+        monkeypatch.setattr(logprobs, "_fused_or_none", lambda device: (logprobs.logprob_stats, logprobs.logits_grad,
+                                                                         logprobs.logits_grad_with_entropy))
     return request.param
 
 
@@ -278,11 +280,35 @@ def logprob_path(request, monkeypatch):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_token_logprobs_equal_a_full_log_softmax(chunk_tokens, temperature, logprob_path):
     hidden, weight, labels = random_hidden_weight_labels()
-    logp, entropy = replay.token_logprobs(hidden, weight, labels, temperature=temperature, chunk_tokens=chunk_tokens)
+    logp, entropy = logprobs.token_logprobs(hidden, weight, labels, temperature=temperature, chunk_tokens=chunk_tokens)
     ref_logp, ref_entropy = full_log_softmax(hidden, weight, labels, temperature)
     assert logp.shape == entropy.shape == labels.shape
     assert torch.allclose(logp, ref_logp, atol=1e-5)
     assert torch.allclose(entropy, ref_entropy, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 5, 1024])
+@pytest.mark.parametrize("uses", ["entropy", "both"])
+def test_the_entropy_gradient_through_the_chunks_equals_autograd_over_full_logits(chunk_tokens, uses, logprob_path):
+    """A loss may use the entropy (an entropy bonus): its gradient through the chunked backward, alone or beside the
+    log-probs', equals plain autograd through the full [N, V] log_softmax."""
+    hidden, weight, labels = random_hidden_weight_labels(seed=3)
+    on_logp = torch.randn(labels.shape, generator=seeded(4)) if uses == "both" else torch.zeros(labels.shape)
+    on_entropy = torch.randn(labels.shape, generator=seeded(5))
+    grads = []
+    for chunked in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            logp, entropy = logprobs.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
+        else:
+            logp, entropy = full_log_softmax(h, w, labels, 0.7)
+        loss = (entropy * on_entropy).sum() + ((logp * on_logp).sum() if uses == "both" else 0.0)
+        loss.backward()
+        grads.append((h.grad, w.grad))
+    (h_ours, w_ours), (h_ref, w_ref) = grads
+    assert float(h_ref.abs().max()) > 1e-2  # a gradient to compare
+    assert torch.allclose(h_ours, h_ref, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(w_ours, w_ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 4, 5, 1024])
@@ -293,8 +319,7 @@ def test_token_logprobs_gradient_equals_the_unchunked_reference(chunk_tokens, lo
     for chunked in (True, False):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         if chunked:
-            logp, entropy = replay.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
-            assert not entropy.requires_grad
+            logp, _ = logprobs.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
         else:
             logp, _ = full_log_softmax(h, w, labels, 0.7)
         (logp * upstream).sum().backward()
@@ -333,8 +358,7 @@ def test_replayed_logprobs_equal_the_sampling_logprobs(confident, temperature, e
     rollout = generate(model, PROMPTS, Sampling(temperature=temperature, max_new_tokens=20, stop_ids=STOP_IDS),
                        exploration, neighbor_table=table, seed=0)
     assert rollout.mixed.any()
-    logp, _ = replay.sequence_logprobs(model, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
-                                      rollout.lengths, rollout.response_ids, temperature=temperature, chunk_tokens=7)
+    logp, _ = replay.sequence_logprobs(model, rollout, temperature=temperature, chunk_tokens=7)
     mask = torch.arange(rollout.response_ids.shape[1])[None] < rollout.lengths[:, None]
     assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4
 

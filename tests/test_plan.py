@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import rollout
 import train
 from config import Config, preset
+from engine.decoder import decoder_for, release_decoder
 from model import ModelConfig, Transformer
 from runtime import plan
 
@@ -79,8 +79,8 @@ def test_kv_cache_row_is_what_the_sampler_allocates():
     p = plan.plan_memory(small_cfg(), SMALL, gpus=1, device="cpu", prompt_tokens=40)
     with torch.device("meta"):
         model = Transformer(SMALL)
-    cache = rollout.decoder_for(model, 16, 40 + 156, cuda_graph=False).cache  # as generate allocates it
-    rollout.release_decoder(model)
+    cache = decoder_for(model, 16, 40 + 156, cuda_graph=False).cache  # as generate allocates it
+    release_decoder(model)
     allocated = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
     assert rows_of(p)["KV cache"].rollout == allocated
 
@@ -100,6 +100,7 @@ torch.set_num_threads(2)
 from config import Config
 from model import ModelConfig, random_model
 from replay import sequence_logprobs
+from rollout import Rollout
 from runtime import plan
 from benchmarks.common import rss_mb
 
@@ -116,9 +117,12 @@ prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(rows)]
 cand_ids = torch.randint(0, V, (rows, T, 2), generator=g)
 weights = torch.softmax(torch.randn(rows, T, 2, generator=g), -1)
 
+steps = dict(response_ids=cand_ids[..., 0], logprobs=torch.zeros(rows, T), cand_ids=cand_ids, cand_weights=weights,
+             mixed=torch.ones(rows, T, dtype=torch.bool))
+record = Rollout(prompts, torch.full((rows,), T), torch.ones(rows, dtype=torch.bool), steps, "neighbor")
+
 def step():
-    logp, _ = sequence_logprobs(model, prompts, cand_ids, weights, torch.full((rows,), T), cand_ids[..., 0],
-                                chunk_tokens=chunk)
+    logp, _ = sequence_logprobs(model, record, chunk_tokens=chunk)
     (-logp.mean()).backward()
 
 step()  # .grad exists from here on, as in every micro-batch after a mini-batch's first

@@ -38,8 +38,7 @@ def test_dtypes_at_the_boundaries_of_a_bf16_rollout_and_its_fp32_replay():
     fed = mixed_embeddings(sampler.embed_tokens.weight, rollout.cand_ids, rollout.cand_weights)
     assert fed.dtype == torch.bfloat16
     with torch.no_grad():
-        logp, entropy = sequence_logprobs(policy, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
-                                          rollout.lengths, rollout.response_ids)
+        logp, entropy = sequence_logprobs(policy, rollout)
     assert logp.dtype == torch.float32 and entropy.dtype == torch.float32
     gap = (logp - rollout.logprobs).abs()[rollout.response_mask()]
     assert 0 < float(gap.max()) < 0.1  # bf16 sampling against fp32 replay: close, not equal

@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-import model as M
 import replay
-import rollout
+from engine import decoder as engine
+from engine import kernels
+from model import load_model
 from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
 from strategies import normal_from_keys
 
@@ -29,7 +30,7 @@ def models(tmp_path_factory):
         hf.lm_head.weight.mul_(40)
     path = tmp_path_factory.mktemp("qwen2")
     hf.save_pretrained(path)
-    return hf, M.load_model(str(path), dtype=torch.float32, device="cpu").eval()
+    return hf, load_model(str(path), dtype=torch.float32, device="cpu").eval()
 
 
 def ring_table(vocab: int, k: int) -> torch.Tensor:
@@ -69,10 +70,17 @@ def test_prefill_in_row_chunks_changes_nothing(models, monkeypatch):
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=8)
     whole = generate(ours, PROMPTS, sampling, seed=4)
-    monkeypatch.setattr(rollout, "PREFILL_TOKENS", 8)  # the longest prompt has 7 tokens: one row a chunk
+    monkeypatch.setattr(engine, "PREFILL_TOKENS", 8)  # the longest prompt has 7 tokens: one row a chunk
     chunked = generate(ours, PROMPTS, sampling, seed=4)
     assert torch.equal(whole.response_ids, chunked.response_ids)
     assert (whole.logprobs - chunked.logprobs).abs().max() < 1e-5
+
+
+def assert_identical(a: Rollout, b: Rollout) -> None:
+    """Two rollouts hold the same rows: lengths, finished and every recorded field, bit for bit."""
+    assert a.steps.keys() == b.steps.keys()
+    for name, value in {"lengths": a.lengths, "finished": a.finished, **a.steps}.items():
+        assert torch.equal(value, getattr(b, name)), name
 
 
 def replay_logits(hf, rollout, row):
@@ -83,8 +91,9 @@ def replay_logits(hf, rollout, row):
     prompt = rollout.prompts[row]
     n = int(rollout.lengths[row])
     fed = (rollout.cand_weights[row, : n - 1, :, None] * E[rollout.cand_ids[row, : n - 1]]).sum(-2)  # [n-1, d]
-    noise = normal_from_keys(rollout.noise_keys[row, : n - 1], E.shape[1])  # [n-1, d]
-    fed = fed + rollout.noise_scales[row, : n - 1, None] * noise
+    if "noise_keys" in rollout.steps:  # orthogonal_noise records the noise it fed
+        noise = normal_from_keys(rollout.noise_keys[row, : n - 1], E.shape[1])  # [n-1, d]
+        fed = fed + rollout.noise_scales[row, : n - 1, None] * noise
     inputs = torch.cat([E[torch.tensor(prompt)], fed])[None]
     return hf(inputs_embeds=inputs).logits[0, len(prompt) - 1 :]  # [n, V]
 
@@ -276,12 +285,12 @@ def test_on_a_cpu_the_loop_ends_with_its_last_row(models, monkeypatch):
     _, ours = models
     greedy = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30))
     stops = tuple({response[4] for response in greedy.responses()})  # every row ends by its 5th token
-    steps, real_step = [], rollout.Decoder.step
-    monkeypatch.setattr(rollout.Decoder, "step",
+    steps, real_step = [], engine.Decoder.step
+    monkeypatch.setattr(engine.Decoder, "step",
                         lambda self, *args, **kwargs: steps.append(1) or real_step(self, *args, **kwargs))
     stopped = generate(ours, PROMPTS, Sampling(temperature=0, max_new_tokens=30, stop_ids=stops))
     longest = int(stopped.lengths.max())
-    assert bool(stopped.finished.all()) and longest < rollout.SYNC_EVERY and len(steps) == longest
+    assert bool(stopped.finished.all()) and longest < engine.SYNC_EVERY and len(steps) == longest
 
 
 def test_neighbor_strategy_without_a_table_is_a_clear_error(models):
@@ -299,7 +308,7 @@ def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(mode
     _, ours = models
     short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", top_k=2), seed=10)
     long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", top_k=2), seed=11)
-    joined = Rollout.concat([short, long], pad_id=-1)
+    joined = Rollout.concat([replace(short, pad_id=-1), replace(long, pad_id=-1)])
     assert joined.prompts == PROMPTS and joined.response_ids.shape == (4, 7)
     assert joined.responses() == short.responses() + long.responses()
     assert (joined.response_ids[:2, 3:] == -1).all() and (joined.cand_ids[:2, 3:] == -1).all()
@@ -397,12 +406,12 @@ def test_the_released_strategies_replay_exactly_in_training(models, exploration)
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.8, max_new_tokens=16), exploration, seed=12)
     assert rollout.mixed.any() and not rollout.mixed.all()
     assert_replay_reproduces(hf, rollout, temperature=0.8, greedy_anchor=exploration.strategy != "topk-gumbel")
-    logp, _ = replay.sequence_logprobs(ours, rollout.prompts, rollout.cand_ids, rollout.cand_weights,
-                                      rollout.lengths, rollout.response_ids, temperature=0.8,
-                                      noise_keys=rollout.noise_keys, noise_scales=rollout.noise_scales)
+    logp, _ = replay.sequence_logprobs(ours, rollout, temperature=0.8)
     assert (logp - rollout.logprobs)[rollout.response_mask()].abs().max() < 1e-4
-    noisy = rollout.noise_scales > 0
-    assert torch.equal(noisy, rollout.mixed) if exploration.strategy == "orthogonal_noise" else not noisy.any()
+    if exploration.strategy == "orthogonal_noise":  # the one strategy that records the noise it fed
+        assert torch.equal(rollout.noise_scales > 0, rollout.mixed)
+    else:
+        assert "noise_scales" not in rollout.steps
 
 
 def released_entropies(hf, rollout, row: int, tau: float) -> torch.Tensor:
@@ -481,18 +490,17 @@ def test_a_later_call_reuses_the_decoder_and_gives_what_a_fresh_one_gives(models
     table = ring_table(V, 2)
     kwargs = dict(sampling=Sampling(temperature=0.9, max_new_tokens=20, stop_ids=(3, 7)), neighbor_table=table,
                   exploration=Exploration("neighbor", mix_rate=0.5, num_neighbors=2), slots=2)
-    rollout.release_decoder(ours)
+    engine.release_decoder(ours)
     generate(ours, PROMPTS, seed=1, **kwargs)
-    decoder = rollout._DECODERS[ours]
+    decoder = engine._DECODERS[ours]
     later = generate(ours, PROMPTS[::-1], seed=2, **kwargs)  # other prompts in other slots, another seed
-    assert rollout._DECODERS[ours] is decoder
-    rollout.release_decoder(ours)
+    assert engine._DECODERS[ours] is decoder
+    engine.release_decoder(ours)
     fresh = generate(ours, PROMPTS[::-1], seed=2, **kwargs)
-    assert rollout._DECODERS[ours] is not decoder
-    for name in rollout.ROW_TENSORS:
-        assert torch.equal(getattr(later, name), getattr(fresh, name)), name
+    assert engine._DECODERS[ours] is not decoder
+    assert_identical(later, fresh)
     bigger = generate(ours, [p * 20 for p in PROMPTS], seed=2, **kwargs)  # longer prompts: a larger cache
-    assert rollout._DECODERS[ours].max_len >= max(len(p) * 20 for p in PROMPTS) + 20
+    assert engine._DECODERS[ours].max_len >= max(len(p) * 20 for p in PROMPTS) + 20
     assert bigger.lengths.shape == (len(PROMPTS),)
 
 
@@ -507,10 +515,10 @@ def test_the_compiled_step_compiles_once_whatever_the_rows_lengths_and_cache(mod
     _, ours = models
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(rollout, "compile_backend", lambda device: "eager")
-    M._DECODE_OPS.pop("eager", None)  # fresh compiled functions for this test
-    rollout._STEP_UNIFORMS.pop("eager", None)
-    rollout.release_decoder(ours)
+    monkeypatch.setattr(engine, "compile_backend", lambda device: "eager")
+    kernels._DECODE_OPS.pop("eager", None)  # fresh compiled functions for this test
+    kernels._COMPILED.clear()
+    engine.release_decoder(ours)
     sampling = Sampling(temperature=1.0, max_new_tokens=70)  # windows 64 and 128
     compiled = generate(ours, PROMPTS, sampling, seed=4)
     warm = counters["stats"]["unique_graphs"]
@@ -521,14 +529,13 @@ def test_the_compiled_step_compiles_once_whatever_the_rows_lengths_and_cache(mod
     generate(ours, [p * 40 for p in PROMPTS[:2]], sampling, seed=8)  # another batch size, a longer cache
     assert counters["stats"]["unique_graphs"] == warm
     # The compiled functions compute what the plain ones do.
-    monkeypatch.setattr(rollout, "compile_backend", lambda device: None)
-    rollout.release_decoder(ours)
+    monkeypatch.setattr(engine, "compile_backend", lambda device: None)
+    engine.release_decoder(ours)
     plain = generate(ours, PROMPTS, sampling, seed=4)
-    for name in rollout.ROW_TENSORS:
-        assert torch.equal(getattr(compiled, name), getattr(plain, name)), name
-    rollout.release_decoder(ours)
-    M._DECODE_OPS.pop("eager", None)
-    rollout._STEP_UNIFORMS.pop("eager", None)
+    assert_identical(compiled, plain)
+    engine.release_decoder(ours)
+    kernels._DECODE_OPS.pop("eager", None)
+    kernels._COMPILED.clear()
 
 
 @torch.no_grad()
@@ -540,16 +547,15 @@ def test_a_decoder_whose_compiled_functions_fail_decodes_without_them(models, mo
     def broken_backend(graph_module, example_inputs):
         raise RuntimeError("no C compiler here")
 
-    monkeypatch.setattr(rollout, "compile_backend", lambda device: broken_backend)
-    rollout.release_decoder(ours)
+    monkeypatch.setattr(engine, "compile_backend", lambda device: broken_backend)
+    engine.release_decoder(ours)
     sampling = Sampling(temperature=1.0, max_new_tokens=12)
     with pytest.warns(UserWarning, match="without torch.compile"):
         fallen_back = generate(ours, PROMPTS, sampling, seed=9)
-    rollout.release_decoder(ours)
-    M._DECODE_OPS.pop(broken_backend, None)
-    rollout._STEP_UNIFORMS.pop(broken_backend, None)
-    monkeypatch.setattr(rollout, "compile_backend", lambda device: None)
+    engine.release_decoder(ours)
+    kernels._DECODE_OPS.pop(broken_backend, None)
+    kernels._COMPILED.clear()
+    monkeypatch.setattr(engine, "compile_backend", lambda device: None)
     plain = generate(ours, PROMPTS, sampling, seed=9)
-    for name in rollout.ROW_TENSORS:
-        assert torch.equal(getattr(fallen_back, name), getattr(plain, name)), name
-    rollout.release_decoder(ours)
+    assert_identical(fallen_back, plain)
+    engine.release_decoder(ours)

@@ -220,7 +220,7 @@ def perturbed_episodes():
     g = torch.Generator().manual_seed(5)
     mask = rollout.response_mask()
     sampler_logp = rollout.logprobs + 0.8 * torch.randn(rollout.logprobs.shape, generator=g) * mask
-    rollout = dataclasses.replace(rollout, logprobs=sampler_logp)
+    rollout = rollout.with_fields(logprobs=sampler_logp)
     with torch.no_grad():
         replayed = ngrpo.replay_logprobs(model, rollout, cfg())
     old_logp = replayed + 0.7 * torch.randn(replayed.shape, generator=g)

@@ -35,7 +35,7 @@ def step_view(exploration: Exploration, z_rows: list[list[float]], *, tau: float
     draws = RowDraws(seed, torch.arange(B), torch.zeros(B, dtype=torch.long))
     return StepView(exploration, torch.tensor(z_rows) / tau, probs.float(), torch.full((B,), 4),
                     torch.ones(B, dtype=torch.bool), torch.full((B,), coin, dtype=torch.float64), tau, embed,
-                    None, draws)
+                    None, draws, {})
 
 
 @pytest.mark.parametrize("tau, t", [(1.0, 0.0), (1.0, 0.7), (0.5, 1.0)])
@@ -101,7 +101,7 @@ def test_gaussian_embed_noise_feeds_topk_plus_scaled_noise_and_records_the_clean
     standard = (mixture.inputs - clean) / (sigma * clean.pow(2).mean().sqrt())  # [rows, d]: N(0, 1)
     assert abs(float(standard.mean())) < 4 / math.sqrt(rows * d)
     assert abs(float(standard.std()) - 1) < 0.05
-    assert float(mixture.noise_scales.abs().max()) == 0.0  # no noise is replayed
+    assert not mixture.extra  # no noise is recorded: the replay feeds the clean mixture
 
 
 def test_gaussian_embed_noise_under_the_entropy_gate_noises_unmixed_thinking_steps_too():
@@ -134,7 +134,7 @@ def test_orthogonal_noise_scale_by_hand(tau, t):
     scale = math.sqrt(sum((wk * nk) ** 2 for wk, nk in zip(w, ORTH_NORMS)))
     assert mixture.cand_ids.tolist() == [[1]] * rows and mixture.cand_weights.tolist() == [[1.0]] * rows
     assert mixture.mixed.all()
-    assert torch.allclose(mixture.noise_scales, torch.full((rows,), scale), atol=1e-6)
+    assert torch.allclose(mixture.extra["noise_scales"], torch.full((rows,), scale), atol=1e-6)
     standard = (mixture.inputs - E3[1]) / scale  # [rows, 3]: N(0, 1) in every coordinate
     assert abs(float(standard.mean())) < 4 / math.sqrt(3 * rows)
     assert abs(float(standard.std()) - 1) < 0.05
@@ -143,10 +143,10 @@ def test_orthogonal_noise_scale_by_hand(tau, t):
 def test_orthogonal_noise_with_one_candidate_or_unmixed_feeds_plain_rows():
     E = E3
     alone = strategies.explore_orthogonal_noise(step_view(Exploration("orthogonal_noise", top_k=1), [Z], embed=E))
-    assert torch.equal(alone.inputs[0], E[1]) and float(alone.noise_scales[0]) == 0.0  # no other token
+    assert torch.equal(alone.inputs[0], E[1]) and float(alone.extra["noise_scales"][0]) == 0.0  # no other token
     x = Exploration("orthogonal_noise", top_k=3, mix_rate=0.5)
     unmixed = strategies.explore_orthogonal_noise(step_view(x, [Z], embed=E, coin=0.9))
-    assert torch.equal(unmixed.inputs[0], E[4]) and float(unmixed.noise_scales[0]) == 0.0
+    assert torch.equal(unmixed.inputs[0], E[4]) and float(unmixed.extra["noise_scales"][0]) == 0.0
     assert unmixed.cand_ids.tolist() == [[4]]
 
 
@@ -163,7 +163,7 @@ def test_entropy_gate_mixes_the_steps_whose_released_entropy_reaches_the_thresho
     x = Exploration(strategy, top_k=2, mix_rate=0.0, mix_entropy_threshold=threshold)
     view = step_view(x, ROWS_Z, tau=tau, coin=0.99)
     view.cand_table = strategies.candidate_table(torch.tensor([[1], [2], [3], [4], [0]]), 1)
-    mixed = strategies.EXPLORERS[strategy](view).mixed
+    mixed = strategies.STRATEGIES[strategy].explore(view).mixed
     assert mixed.tolist() == [h >= threshold for h in entropies] and int(mixed.sum()) == 2
 
 
@@ -179,4 +179,5 @@ def test_released_entropy_barely_moves_on_a_real_vocabulary():
     # p one-hot: q = [e, 1, ..., 1] / (e + V - 1), so H = log(e + V - 1) - e / (e + V - 1)
     by_hand = math.log(math.e + V - 1) - math.e / (math.e + V - 1)
     assert abs(by_hand - math.log(V)) < 1e-5
-    assert abs(sharp - by_hand) < 2e-3 and abs(flat - math.log(V)) < 2e-3
+    # fp32 sums of V terms, whose order (hence rounding) depends on the threads: ~1e-3, 2.008e-3 seen once
+    assert abs(sharp - by_hand) < 4e-3 and abs(flat - math.log(V)) < 4e-3

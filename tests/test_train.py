@@ -14,7 +14,7 @@ from conftest import run_at_once
 import ngrpo
 import train
 from config import preset
-from data import load_problems, tiny_tokenizer, tokenize_problems
+from data import load_problems, load_tokenizer, tiny_tokenizer, tokenize_problems
 from model import TINY_CONFIG, load_model, random_model
 from runtime import warmstart
 
@@ -47,7 +47,7 @@ import torch
 torch.set_num_threads(1)
 import ngrpo, train
 from config import preset
-from data import load_problems, tiny_tokenizer, tokenize_problems
+from data import load_problems, load_tokenizer, tiny_tokenizer, tokenize_problems
 from model import TINY_CONFIG, random_model, save_model
 from reward import RewardPool
 from runtime import warmstart
@@ -237,6 +237,39 @@ def test_three_non_finite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="3 steps in a row had a non-finite loss"):
         train.run(tiny(tmp_path, max_steps=5))
     assert len(read_metrics(tmp_path / "run")) == 3
+
+
+def test_a_step_sends_its_answers_to_the_reward_workers_once(tmp_path, monkeypatch):
+    """One call of the reward pool per batch of responses scored, and none from the step's metrics: the diversity
+    metric reuses the verdicts. The responses are made to give answers that differ within each group (and that a
+    checker would have to compare), so that a metric asking the workers would be seen."""
+    from reward import RewardPool
+
+    answers = ["\\boxed{3}", "\\boxed{3.0}", "\\boxed{1/2}", "\\boxed{0.5}", "\\boxed{x^2}", "\\boxed{7}"]
+    tokenizer_class = type(load_tokenizer("tiny"))
+    monkeypatch.setattr(tokenizer_class, "batch_decode", lambda self, ids, **kwargs:
+                        [f"so {answers[i % len(answers)]}" for i in range(len(ids))])
+    phase, calls = ["other"], []
+    for method in ("score", "judge", "_run_all"):
+        real = getattr(RewardPool, method)
+        monkeypatch.setattr(RewardPool, method, lambda self, *a, _real=real, _name=method, **k:
+                            calls.append((phase[0], _name)) or _real(self, *a, **k))
+    for function in ("collect_groups", "step_metrics"):
+        real = getattr(train, function)
+
+        def in_phase(*args, _real=real, _name=function, **kwargs):
+            phase[0] = _name
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                phase[0] = "other"
+
+        monkeypatch.setattr(train, function, in_phase)
+    train.run(tiny(tmp_path, max_steps=2, eval_problems=0))
+    assert [name for where, name in calls if where == "step_metrics"] == []
+    scored = [name for where, name in calls if where == "collect_groups"]
+    assert scored.count("score") == 2  # one batch of responses a step (no refill), each scored once
+    assert scored.count("judge") <= 2 and scored.count("_run_all") <= 2  # at most one trip to the workers each
 
 
 def test_outputs_of_a_run(tmp_path):

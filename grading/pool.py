@@ -1,0 +1,391 @@
+"""The reward's worker pool: every check that may be slow runs in a worker process, killed and replaced when it runs
+past its deadline, so that a pathological answer costs at most the timeout and never hangs or crashes the caller.
+
+A signal alarm would not work off the main thread nor interrupt sympy's C paths, so the workers are processes; and
+plain subprocesses speaking JSON lines over stdin/stdout, not multiprocessing: fork is unsafe under torch's threads,
+and spawn/forkserver re-import the caller's __main__ (train.py, hence torch) in every worker and in every replacement
+of a killed one. A worker imports only grading/ and sympy (~0.5 s), and killing it (SIGKILL) works whatever C code
+it is stuck in. Pairs that our fast exact paths decide never leave the calling process.
+
+What a worker computes is ours (grading/grader.py), math-verify's, or the user's own function
+`f(response, reference) -> float` ("module:function" or "path/to/file.py:function", TRL's reward_funcs).
+"""
+
+import atexit
+import importlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+import weakref
+from collections import deque
+from pathlib import Path
+
+from grading.extract import candidate_answers, gives_choice, reference_answer
+from grading.grader import equivalent, fast_verdict
+from grading.latex import box_spans
+
+GRADERS = ("ours", "math-verify")
+WORKER_MEMORY_BYTES = 2 << 30
+STARTUP_TIMEOUT_S = 60.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a worker computes: ours, math-verify, or the user's function
+
+def load_reward_function(spec: str):
+    """The function named by "package.module:function" or "path/to/file.py:function"."""
+    location, _, name = spec.rpartition(":")
+    if not location or not name:
+        raise ValueError(f"--reward must be 'module:function' or 'path/to/file.py:function', not {spec!r}")
+    if location.endswith(".py"):
+        path = Path(location).resolve()
+        if not path.is_file():
+            raise ValueError(f"--reward: no file {path}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(location)
+        except ImportError as error:
+            raise ValueError(f"--reward: cannot import {location!r} ({error}); run from the directory that "
+                             "holds it or give a path/to/file.py") from error
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"--reward: {location!r} has no function {name!r}")
+    return function
+
+
+def math_verify_reward(response: str, reference: str) -> float:
+    """math-verify's verdict, as the released N-GRPO code asks it: the reference parsed as a boxed
+    answer, the response with math-verify's own extraction. Its own timeouts are off (they use SIGALRM,
+    which our worker keeps): the worker's deadline bounds it."""
+    from math_verify import parse, verify
+    gold = parse(reference if "\\boxed" in reference else f"\\boxed{{{reference}}}", parsing_timeout=None)
+    return 1.0 if verify(gold, parse(response, parsing_timeout=None), timeout_seconds=None) else 0.0
+
+
+def _scorer(settings: dict):
+    """The worker's job -> score function for these pool settings."""
+    if settings["reward_fn"]:
+        user_function = load_reward_function(settings["reward_fn"])
+        return lambda response, reference: _finite(user_function(response, reference))
+    if settings["grader"] == "math-verify":
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": ours bounds it
+        return math_verify_reward
+    return lambda candidates, reference: float(any(equivalent(c, reference) for c in candidates))
+
+
+class BadScore(ValueError):
+    """A reward function returned something that is not a finite number (NaN, inf, None, a string)."""
+
+
+def _finite(value) -> float:
+    """A user's score as a float; anything but a finite number is an error, never a silent 0."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__") or not math.isfinite(float(value)):
+        raise BadScore(f"returned {value!r:.60} ({type(value).__name__}); a score must be a finite number")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bounded time: worker processes
+
+def _failure(error: Exception) -> list[str]:
+    """[one-line message, the traceback from the user's own code down] of a user's function's failure."""
+    if isinstance(error, BadScore):
+        return [str(error), ""]
+    frame = error.__traceback__
+    while frame is not None and frame.tb_frame.f_code.co_filename == __file__:  # our frames say nothing
+        frame = frame.tb_next
+    return [f"{type(error).__name__}: {error}", "".join(traceback.format_exception(type(error), error, frame))]
+
+
+def _worker_command(settings: dict) -> list[str]:
+    root = str(Path(__file__).resolve().parents[1])  # the repo: `grading` is a package there
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); from grading import pool; pool._serve()",
+            json.dumps(settings)]
+
+
+def _serve() -> None:
+    """Worker main loop: settings as argv[1]; a JSON job [id, payload, reference, timeout_s] per stdin line,
+    a JSON [id, score] per stdout line; "ready" first, once everything is loaded and warm."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr  # a stray print from a library must not corrupt the protocol
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    # If the parent dies while we hang, nobody kills us: SIGALRM's default action ends the process.
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    warnings.simplefilter("ignore")  # sympy deprecation chatter on odd input would flood the training log
+    try:
+        import resource
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = WORKER_MEMORY_BYTES if hard == resource.RLIM_INFINITY else min(WORKER_MEMORY_BYTES, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))  # a memory bomb raises MemoryError here
+    except (ImportError, ValueError, OSError):
+        pass
+    settings = json.loads(sys.argv[1])
+    sys.path.extend(path for path in settings["sys_path"] if path not in sys.path)
+    score = _scorer(settings)
+    equivalent("(x+1)^2 \\le 3", "x^2+2x+1 \\leq 3")  # load sympy's lazy modules before the first timed job
+    replies.write('"ready"\n')
+    replies.flush()
+    for line in sys.stdin:
+        job_id, payload, reference, timeout_s = json.loads(line)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s + 2.0)
+        reply = [job_id, 0.0]
+        try:
+            reply[1] = score(payload, reference)
+        except Exception as error:  # the grader's failures mean "not equal"; a user's function's are reported
+            if settings["reward_fn"]:
+                reply.append(_failure(error))
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+class _Worker:
+    """One checker process and the job it is on (`job` index, `deadline` on time.monotonic())."""
+
+    def __init__(self, command: list[str]):
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        os.set_blocking(self.process.stdout.fileno(), False)
+        self.started = time.monotonic()
+        self.pending = b""
+        self.ready = False
+        self.job = None
+        self.deadline = None
+
+    def send(self, job: int, payload, reference: str, timeout_s: float) -> None:
+        message = json.dumps([job, payload, reference, timeout_s]) + "\n"
+        self.process.stdin.write(message.encode())
+        self.job, self.deadline = job, time.monotonic() + timeout_s
+
+    def receive(self) -> list | None:
+        """Messages that have arrived; None once the process has exited."""
+        data = os.read(self.process.stdout.fileno(), 1 << 16)
+        if not data:
+            return None
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        return [json.loads(line) for line in lines]
+
+    def stop(self, wait_s: float = 0.0) -> None:
+        try:
+            self.process.stdin.close()  # a worker exits on end of input
+            self.process.wait(wait_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
+
+
+_live_pools = weakref.WeakSet()
+
+
+class RewardPool:
+    """Scores batches of (response, reference) pairs in parallel worker processes, each check bounded by
+    `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start
+    on first need and live until close() (or exit). Failures are never silent: `timeouts` counts the checks
+    that ran out of time (any grader), `errors` those a user's function failed (it raised, killed its
+    worker, or returned no finite number), `last_error` says the latest; the first one is printed to
+    stderr with its traceback (the earliest pair of its batch, whichever worker finished first).
+
+    grader: "ours" (grading/grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
+    or "math-verify" (pip install math-verify). reward_fn: "module:function" or "path/to/file.py:function",
+    a function f(response, reference) -> float that replaces the grader (TRL's reward_funcs). require_boxed:
+    only \\boxed answers count (a format-strict reward).
+
+    >>> with RewardPool(num_workers=2, timeout_s=5.0) as pool:
+    ...     pool.score([("... so \\\\boxed{\\\\frac{1}{2}}", "0.5"), ("... so \\\\boxed{2}", "3")])
+    [1.0, 0.0]
+    """
+
+    def __init__(self, num_workers: int | None = None, timeout_s: float = 5.0, grader: str = "ours",
+                 reward_fn: str = "", require_boxed: bool = False):
+        if grader not in GRADERS:
+            raise ValueError(f"grader must be one of {GRADERS}, not {grader!r}")
+        if grader == "math-verify" and not reward_fn and importlib.util.find_spec("math_verify") is None:
+            raise ValueError("--grader math-verify needs the math-verify package: pip install math-verify")
+        if reward_fn:
+            load_reward_function(reward_fn)  # a bad spec fails here, with its message, not in every worker
+            if reward_fn.partition(":")[0].endswith(".py"):
+                path, _, name = reward_fn.rpartition(":")
+                reward_fn = f"{Path(path).resolve()}:{name}"
+        self.num_workers = num_workers or min(8, os.cpu_count() or 1)
+        self.timeout_s = timeout_s
+        self.grader, self.reward_fn, self.require_boxed = grader, reward_fn, require_boxed
+        # the workers import a user's module from wherever this process can
+        self._command = _worker_command({"grader": grader, "reward_fn": reward_fn, "sys_path": sys.path})
+        self._workers: list[_Worker] = []
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self.errors, self.timeouts, self.last_error = 0, 0, ""
+        self._failures: list[tuple] = []  # (pair index, message, traceback, timed out) of the batch running
+        _live_pools.add(self)
+
+    def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
+        """A reward per (response, reference): kind "math" (final answer vs reference answer) or "choice"
+        (multiple-choice letter, GPQA; always ours unless reward_fn is set)."""
+        if kind not in ("math", "choice"):
+            raise ValueError(f"kind must be 'math' or 'choice', not {kind!r}")
+        pairs = [(_text(response), _text(reference)) for response, reference in pairs]
+        if self.reward_fn or (kind == "math" and self.grader == "math-verify"):
+            jobs = [(index, response, reference) for index, (response, reference) in enumerate(pairs)]
+            scores = self._run_all(jobs, self.timeout_s, [0.0] * len(pairs))
+        elif kind == "choice":
+            scores = [float(gives_choice(response, letter)) for response, letter in pairs]
+        else:
+            jobs = [(candidate_answers(response, reference, self.require_boxed), reference_answer(reference))
+                    for response, reference in pairs]
+            scores = [float(equal) for equal in self.judge(jobs, self.timeout_s)]
+        if self.require_boxed:  # whoever grades, an answer without a box scores 0
+            scores = [score if box_spans(response) else 0.0 for score, (response, _) in zip(scores, pairs)]
+        return scores
+
+    def judge(self, jobs: list[tuple[list[str], str]], timeout_s: float) -> list[bool]:
+        """For each (candidate answers, reference answer): whether any candidate equals the reference by
+        our grader (a pool with grader "ours" and no reward_fn)."""
+        if self.reward_fn or self.grader != "ours":
+            raise ValueError(f"judge() is our grader's; this pool scores with {self.reward_fn or self.grader}")
+        scores = [0.0] * len(jobs)
+        hard = []
+        for index, (candidates, reference) in enumerate(jobs):
+            fast = [_safe_fast_verdict(candidate, reference) for candidate in candidates]
+            if True in fast:
+                scores[index] = 1.0
+            elif None in fast:
+                undecided = [candidate for candidate, verdict in zip(candidates, fast) if verdict is None]
+                hard.append((index, undecided, reference))
+        if hard:
+            self._run_all(hard, timeout_s, scores)
+        return [verdict == 1.0 for verdict in scores]
+
+    def _run_all(self, jobs: list[tuple], timeout_s: float, scores: list[float]) -> list[float]:
+        """Run (index, payload, reference) jobs in the workers; each score lands in scores[index]."""
+        with self._lock:
+            self._run(deque(jobs), timeout_s, scores)
+        return scores
+
+    def _run(self, queue: deque, timeout_s: float, scores: list[bool]) -> None:
+        self._failures = []
+        try:
+            self._drain(queue, timeout_s, scores)
+        finally:  # counted in the order of the pairs, not of the racing workers: the same batch prints the same
+            for failure in sorted(self._failures, key=lambda failure: failure[0]):
+                self._count_failure(*failure[1:])
+
+    def _drain(self, queue: deque, timeout_s: float, scores: list[bool]) -> None:
+        while len(self._workers) < min(self.num_workers, len(queue)):
+            self._start_worker()
+        while queue or any(worker.job is not None for worker in self._workers):
+            for worker in self._workers:
+                if queue and worker.ready and worker.job is None:
+                    self._dispatch(worker, *queue.popleft(), timeout_s, scores)
+            now = time.monotonic()
+            deadlines = [worker.deadline for worker in self._workers if worker.job is not None]
+            if not deadlines and all(now - w.started > STARTUP_TIMEOUT_S for w in self._workers):
+                raise RuntimeError(f"reward workers did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                                   f"(command: {' '.join(self._command)}); see their stderr above")
+            wait_s = min(deadlines) - now if deadlines else 0.5
+            for key, _ in self._selector.select(max(0.0, wait_s)):
+                self._read(key.data, scores)
+            now = time.monotonic()
+            for worker in list(self._workers):
+                if worker.job is not None and now >= worker.deadline:
+                    scores[worker.job] = 0.0
+                    self._failed(worker.job, f"timed out after {timeout_s:g} s", timed_out=True)
+                    self._replace(worker)
+
+    def _dispatch(self, worker: _Worker, index: int, payload, reference: str,
+                  timeout_s: float, scores: list[float]) -> None:
+        try:
+            worker.send(index, payload, reference, timeout_s)
+        except OSError:  # it died while idle
+            scores[index] = 0.0
+            self._failed(index, f"its worker process died (exit status {worker.process.poll()})")
+            self._replace(worker)
+
+    def _read(self, worker: _Worker, scores: list[bool]) -> None:
+        messages = worker.receive()
+        if messages is None:
+            if not worker.ready:
+                raise RuntimeError("a reward worker exited while starting (see its stderr above)")
+            if worker.job is not None:
+                scores[worker.job] = 0.0
+                self._failed(worker.job, f"its worker process died (exit status {worker.process.poll()})")
+            self._replace(worker)
+            return
+        for message in messages:
+            if message == "ready":
+                worker.ready = True
+            else:
+                job, score, *failure = message
+                scores[job] = score
+                worker.job = None
+                if failure:
+                    self._failed(job, *failure[0])
+
+    def _failed(self, index: int, message: str, detail: str = "", timed_out: bool = False) -> None:
+        """Notes that pair `index` of the batch gave no score; counted when the batch ends."""
+        self._failures.append((index, message, detail, timed_out))
+
+    def _count_failure(self, message: str, detail: str = "", timed_out: bool = False) -> None:
+        """Counts a check that gave no score; prints the first failure of a user's function in full."""
+        name = self.reward_fn or f"grader {self.grader}"
+        if self.reward_fn and not self.errors + self.timeouts:
+            print(f"warning: reward {name}: {message} (scored 0; further failures are counted, not "
+                  f"printed)\n{detail}".rstrip(), file=sys.stderr, flush=True)
+        self.errors, self.timeouts = self.errors + (not timed_out), self.timeouts + timed_out
+        self.last_error = f"{name}: {message}"
+
+    def _start_worker(self) -> _Worker:
+        worker = _Worker(self._command)
+        self._selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
+        self._workers.append(worker)
+        return worker
+
+    def _replace(self, worker: _Worker) -> None:
+        self._selector.unregister(worker.process.stdout)
+        self._workers.remove(worker)
+        worker.stop()
+        self._start_worker()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        with self._lock:
+            for worker in self._workers:
+                self._selector.unregister(worker.process.stdout)
+                worker.stop(wait_s=1.0)
+            self._workers = []
+
+    def __enter__(self) -> "RewardPool":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    for pool in list(_live_pools):
+        pool.close()
+
+
+def _safe_fast_verdict(prediction: str, reference: str) -> bool | None:
+    try:
+        return fast_verdict(prediction, reference)
+    except Exception:  # let the worker (where every failure means False) decide
+        return None
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
