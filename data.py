@@ -201,7 +201,7 @@ def load_problems(source: str, *, split: str = "train", limit: int | None = None
     Built-in: `arith` or `arith:difficulty=2,n=500,seed=1,max_count=5` (see arith_problems); its train and
     test splits never share a problem."""
     if source == "arith" or source.startswith("arith:"):
-        problems = arith_problems(split=split, **_parse_options(source.partition(":")[2]))
+        problems = arith_problems(split=split, first=limit, **_parse_options(source.partition(":")[2]))
     else:
         path = Path(source).expanduser()
         if path.is_file():
@@ -366,13 +366,14 @@ ITEMS = ("apples", "marbles", "stickers", "coins", "shells", "pencils", "stamps"
 
 
 def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str = "train",
-                   max_count: int = 0) -> list[dict]:
+                   max_count: int = 0, first: int | None = None) -> list[dict]:
     """Seeded arithmetic word problems with exact non-negative integer answers and a worked solution.
 
     difficulty d: d operations (+, -, x, exact /) on counts up to max_count (0 = 10·d). A problem belongs to
     the test split when a hash of its text falls in the lowest tenth, so train and test never share a problem.
     A smaller max_count means fewer distinct sums to learn (the demo's max_count=5: 25 sums and 15
-    differences), so that a short RL run meets each of them many times.
+    differences), so that a short RL run meets each of them many times. first: stop after that many, the first
+    problems of the whole set (a held-out set of 200 need not draw the rest).
 
     >>> arith_problems(1, seed=3)[0]["problem"]
     'Jun has 9 books. Jun gets 4 more books. How many books does Jun have now?'
@@ -384,21 +385,28 @@ def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str
     rng = random.Random(f"arith:{difficulty}:{seed}" + (f":{max_count}" if max_count else ""))
     problems, seen = [], set()
     for _ in range(200 * n):  # small sets run out of distinct problems: stop rather than loop forever
-        problem = _arith_problem(rng, difficulty, max_count or 10 * difficulty)
-        digest = int(hashlib.sha256(problem["problem"].encode()).hexdigest(), 16)
-        if problem["problem"] in seen or (digest % 10 == 0) != (split == "test"):
+        # A draw is its choices; the text is written (and hashed for the split) only the first time they come up:
+        # a small set draws mostly repeats (the demo's: 200,000 draws, ~5,600 distinct problems).
+        draw = _arith_draw(rng, difficulty, max_count or 10 * difficulty)
+        if draw in seen:
             continue
-        seen.add(problem["problem"])
+        seen.add(draw)
+        problem = _arith_text(*draw)
+        digest = int(hashlib.sha256(problem["problem"].encode()).hexdigest(), 16)
+        if (digest % 10 == 0) != (split == "test"):
+            continue
         problems.append({"id": f"arith-{split}-{len(problems)}", **problem})
-        if len(problems) == n:
+        if len(problems) == min(n, first or n):
             break
     return problems
 
 
-def _arith_problem(rng: random.Random, difficulty: int, top: int) -> dict:
+def _arith_draw(rng: random.Random, difficulty: int, top: int) -> tuple:
+    """One problem's random choices: (name, item, starting count, ((op, k), ...)). Two draws are the same problem
+    exactly when they are equal (the text is a function of them)."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    count = rng.randint(1, top)
-    sentences, steps = [f"{name} has {count} {item}."], []
+    count = start = rng.randint(1, top)
+    ops = []
     for _ in range(difficulty):
         op = rng.choice("+-*/") if difficulty > 1 else rng.choice("+-")
         divisors = [k for k in range(2, 6) if count % k == 0]
@@ -406,20 +414,28 @@ def _arith_problem(rng: random.Random, difficulty: int, top: int) -> dict:
             op = "+"
         if op == "+":
             k = rng.randint(1, top)
-            sentences.append(f"{name} gets {k} more {item}.")
-            new = count + k
+            count += k
         elif op == "-":
             k = rng.randint(1, count)
-            sentences.append(f"{name} gives away {k} {item}.")
-            new = count - k
+            count -= k
         elif op == "*":
             k = rng.randint(2, 4)
-            sentences.append(f"{name} ends up with {k} times as many {item}.")
-            new = count * k
+            count *= k
         else:
             k = rng.choice(divisors)
-            sentences.append(f"{name} splits the {item} into {k} equal piles and keeps one pile.")
-            new = count // k
+            count //= k
+        ops.append((op, k))
+    return name, item, start, tuple(ops)
+
+
+def _arith_text(name: str, item: str, count: int, ops: tuple) -> dict:
+    """The problem, its answer and a worked solution of one draw."""
+    sentences, steps = [f"{name} has {count} {item}."], []
+    for op, k in ops:
+        new = {"+": count + k, "-": count - k, "*": count * k, "/": count // (k or 1)}[op]
+        sentences.append({"+": f"{name} gets {k} more {item}.", "-": f"{name} gives away {k} {item}.",
+                          "*": f"{name} ends up with {k} times as many {item}.",
+                          "/": f"{name} splits the {item} into {k} equal piles and keeps one pile."}[op])
         steps.append(f"{count}{op}{k}={new}.")
         count = new
     sentences.append(f"How many {item} does {name} have now?")

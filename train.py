@@ -11,6 +11,8 @@ the log, checkpoints, stops). Outputs in --out-dir: config.json, metrics.jsonl, 
 checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
 """
 
+from __future__ import annotations
+
 import contextlib
 import json
 import os
@@ -21,10 +23,10 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
 
 import eval as evaluation
 from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config, parse_config
@@ -59,6 +61,9 @@ from runtime.diagnostics import group_diversity, mixture_closeness
 from runtime.guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
 from runtime.tracking import Tracker, step_line
 from runtime.warmstart import held_out_accuracy, warm_start
+
+if TYPE_CHECKING:  # a type only: importing transformers costs a second, and a run may need no tokenizer of it
+    from transformers import PreTrainedTokenizerBase
 
 
 class RunError(SystemExit):
