@@ -26,6 +26,7 @@ import pytest
 import torch.distributed.run
 
 import eval as E
+import strategies
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,6 +272,7 @@ def run_python_block(code: str, before: str, repo: Path, monkeypatch) -> None:
         return
     with monkeypatch.context() as patch:
         patch.chdir(repo)
+        patch.setattr(strategies, "STRATEGIES", dict(strategies.STRATEGIES))  # a block's register() stays in it
         exec(compile(code.replace("/tmp/", f"{repo.parent / 'tmp'}/"), "<the page's block>", "exec"), {})
 
 
