@@ -4,13 +4,12 @@ and bad input that stops with one clear message (or, for a non-finite loss, skip
 import json
 import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import EARLY_STARTS, started_early
+from conftest import run_at_once
 
 import ngrpo
 import train
@@ -41,7 +40,7 @@ LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN, SEEDS = 120, 10, 0.05, (0, 1)
 # start from the same skill whatever the CPU's rounding did on the way), then its RL part from that warm start
 # twice: as it is, and with the advantages flipped. Prints {"warm": ..., "learn": summary, "unlearn": summary}.
 DEMO_FROM_A_WARM_START = """
-import json, shutil, sys
+import json, sys
 from dataclasses import replace
 sys.path.insert(0, {root!r})
 import torch
@@ -68,24 +67,15 @@ real = ngrpo.group_advantages  # the loss points the right way: pushing against 
 ngrpo.group_advantages = lambda *args, **kwargs: -real(*args, **kwargs)
 unlearn = train.run(replace(rl, out_dir=out + "/unlearn", max_steps={unlearn_steps}))
 print(json.dumps({{"warm": warm, "learn": learn, "unlearn": unlearn}}, default=str))
-shutil.rmtree(out)
 """
 
 
-def demo_scripts() -> dict[int, list[str]]:
-    """seed -> the script of that seed's demo (DEMO_FROM_A_WARM_START), writing to a folder of its own."""
-    return {seed: [DEMO_FROM_A_WARM_START.format(root=str(ROOT), seed=seed, out=tempfile.mkdtemp(prefix="demo-"),
-                                                 learn_steps=LEARN_STEPS, unlearn_steps=UNLEARN_STEPS)]
-            for seed in SEEDS}
-
-
-EARLY_STARTS["demo_runs"] = demo_scripts  # started when collected: the two seeds run beside the other tests
-
-
 @pytest.fixture(scope="module")
-def demo_runs() -> dict[int, dict]:
+def demo_runs(tmp_path_factory) -> dict[int, dict]:
     """seed -> that seed's warm start and its two RL runs (DEMO_FROM_A_WARM_START), both seeds at once."""
-    return started_early("demo_runs", timeout=1200)
+    return run_at_once({seed: [DEMO_FROM_A_WARM_START.format(
+        root=str(ROOT), seed=seed, out=str(tmp_path_factory.mktemp("demo")), learn_steps=LEARN_STEPS,
+        unlearn_steps=UNLEARN_STEPS)] for seed in SEEDS}, timeout=1200)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
