@@ -9,8 +9,10 @@ preset. Each flag is the field name with dashes (`mix_rate` -> `--mix-rate`) and
 """
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -237,6 +239,8 @@ class Config:
                     if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]]
         problems += [(f.name, "must be a finite number") for f in fields(self)
                      if f.type is float and not math.isfinite(getattr(self, f.name))]
+        problems += [(f.name, "must be text (UTF-8): it holds bytes that are not") for f in fields(self)
+                     if f.type is str and not _is_text(getattr(self, f.name))]
         problems += [(name, allowed) for name, (ok, allowed) in RANGES.items()
                      if (name, "must be a finite number") not in problems and not ok(getattr(self, name))]
         problems += [(name, message) for name, ok, message in combination_rules(self) if not ok]
@@ -300,9 +304,21 @@ class ConfigError(ValueError):
                          for name, value, message in self.problems)
 
 
+def _is_text(value: str) -> bool:
+    """Whether a string can be written as UTF-8 (a command-line argument in another encoding arrives holding
+    lone surrogates, which cannot)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def shown(value) -> str:
-    """A value as one would type it on a command line."""
-    return shlex.quote(value) if isinstance(value, str) else str(value)
+    """A value as one would type it on a command line (bytes that are not text shown as escapes)."""
+    if not isinstance(value, str):
+        return str(value)
+    return shlex.quote(value.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 _AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")
@@ -310,6 +326,8 @@ _AT_LEAST_0 = (lambda v: v >= 0, "must be >= 0")
 _POSITIVE = (lambda v: v > 0, "must be > 0")
 _FRACTION = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
 _NONEMPTY = (lambda v: v.strip() != "", "must not be empty")
+# AdamW moves each weight by about lr a step; past 1 the weights (~0.02) are gone at once (1e6 for 1e-6, a typo).
+_STEP_SIZE = (lambda v: 0 < v <= 1, "must be in (0, 1]: AdamW moves every weight by about this much a step")
 # Each field's allowed values (choices and finiteness are checked for every field); the few rules that
 # relate two fields are in combination_rules.
 RANGES = {
@@ -334,10 +352,10 @@ RANGES = {
     "ppo_epochs": _AT_LEAST_1, "mini_batch_prompts": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
     "micro_batch_tokens": (lambda v: v >= 0, "must be >= 0 (0 = --micro-batch-size rows)"),
     "virtual_max_count": _AT_LEAST_1, "max_refill_draws": _AT_LEAST_0, "overlong_buffer": _AT_LEAST_0,
-    "overlong_penalty_factor": _AT_LEAST_0, "lr": _POSITIVE, "warmup_steps": _AT_LEAST_0,
+    "overlong_penalty_factor": _AT_LEAST_0, "lr": _STEP_SIZE, "warmup_steps": _AT_LEAST_0,
     "min_lr_ratio": _FRACTION, "weight_decay": _AT_LEAST_0,
     "grad_clip": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "logprob_chunk_tokens": _AT_LEAST_1,
-    "sft_steps": (lambda v: v >= 0, "must be >= 0 (0 = none)"), "sft_lr": _POSITIVE, "sft_batch_size": _AT_LEAST_1,
+    "sft_steps": (lambda v: v >= 0, "must be >= 0 (0 = none)"), "sft_lr": _STEP_SIZE, "sft_batch_size": _AT_LEAST_1,
     "sft_target_accuracy": (lambda v: 0 <= v <= 1, "must be in [0, 1] (0 = off)"),
     "sft_dev_problems": _AT_LEAST_1, "sft_eval_every": _AT_LEAST_1,
     # The seed reaches torch.manual_seed and 64-bit counter hashes.
@@ -581,19 +599,27 @@ def typed_values(argv: list[str]) -> dict[str, str]:
             if index + 1 >= len(argv):
                 continue
             value = argv[index + 1]
-        typed[name[2:].replace("-", "_")] = shown(value) if value == "" or " " in value else value
+        typed[name[2:].replace("-", "_")] = shown(value) if value == "" or " " in value or not _is_text(value) \
+            else value
     return typed
 
 
 def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     parser = build_parser(description, sys.argv[1:] if argv is None else argv)
-    args = vars(parser.parse_args(argv))
+    with quiet_on_broken_pipe():  # --help | head
+        args = vars(parser.parse_args(argv))
     config_path, preset_name, show = args.pop("config"), args.pop("preset"), args.pop("print_config")
     plan_args = args.pop("plan"), args.pop("plan_gpus"), args.pop("plan_gpu_gb")
     if config_path and preset_name:
         parser.error("--config and --preset both name a starting point: give one of them")
+    if plan_args[1] is not None and plan_args[1] < 1:
+        parser.error(f"--plan-gpus {plan_args[1]}: must be at least 1")
+    if plan_args[2] is not None and not plan_args[2] > 0:  # NaN too
+        parser.error(f"--plan-gpu-gb {plan_args[2]}: must be above 0")
     try:
         base = Config.load_json(config_path) if config_path else preset(preset_name or "paper-1.5b")
+        if config_path:  # a run started from saved settings did not start from a preset, whatever they say:
+            base = replace(base, preset="")  # the preset's "replace my own earlier output" does not apply
         if args.get("loss") == "gspo" and base.loss != "gspo" and "loss_agg" not in args:
             args["loss_agg"] = "seq-mean-token-mean"  # GSPO's own sequence-level mean (the release's N-GSPO)
         cfg = replace(base, **args)
@@ -603,8 +629,25 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     except (ValueError, OSError) as error:
         parser.error(str(error))
     if show:
-        print(json.dumps(asdict(cfg), indent=2))
+        with quiet_on_broken_pipe():  # --print-config | head
+            print(json.dumps(asdict(cfg), indent=2), flush=True)
         parser.exit()
     if plan_args[0]:
-        parser.exit(print_plan(cfg, gpus=plan_args[1], gpu_gb=plan_args[2]))
+        with quiet_on_broken_pipe():
+            parser.exit(print_plan(cfg, gpus=plan_args[1], gpu_gb=plan_args[2]))
+    # The run's folder is the command's to name: a saved config's own out_dir may hold the run it came from.
+    if config_path and "out_dir" not in args and not cfg.resume:
+        parser.error(f"--config {config_path} starts a new run from saved settings: give it an --out-dir of its own "
+                     "(the saved one may hold the run it came from), or add --resume to continue that run")
     return cfg
+
+
+@contextlib.contextmanager
+def quiet_on_broken_pipe():
+    """A reader that stops early (`| head`) ends the program quietly, with status 0, as it ends `cat`."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush goes nowhere
+        raise SystemExit(0) from None

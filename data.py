@@ -39,6 +39,21 @@ class HubUnreachable(DataError):
     message says what to pass instead."""
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether a --model / --tokenizer / --data value names a hub repository (owner/name) rather than a local path:
+    it is of that form, no such path exists, and its owner is not a local folder (runs/dmeo is a mistyped run)."""
+    path = Path(name).expanduser()
+    return name.count("/") == 1 and not path.exists() and not path.parent.is_dir() and not name.startswith(".")
+
+
+def no_such_path(name: str, what: str) -> str:
+    """The message for a local path that does not exist, naming what its folder holds (a typo shows)."""
+    path = Path(name).expanduser()
+    folder = next((p for p in path.parents if p.is_dir()), Path("."))
+    held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))[:8] if folder.is_dir() else []
+    return f"{name}: no such {what}" + (f" ({folder}/ holds: {', '.join(held)})" if held else "")
+
+
 def hub_snapshot(repo_id: str, *, allow_patterns: list[str], instead: str, repo_type: str = "model") -> Path:
     """The files of a hub repository matching allow_patterns, downloaded or found in the local cache, in one
     attempt. snapshot_download asks the hub once and falls back to the cache (hf_hub_download and transformers
@@ -123,7 +138,7 @@ def load_tokenizer(name_or_path: str):
         return tiny_tokenizer()
     import transformers
 
-    if not Path(name_or_path).expanduser().exists() and name_or_path.count("/") == 1:  # a hub id: fetched once
+    if is_hub_id(name_or_path):  # fetched once
         name_or_path = str(hub_snapshot(name_or_path, allow_patterns=["*.json", "*.txt", "*.model", "*.jinja"],
                                         instead="a local directory holding the tokenizer's files"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
@@ -208,8 +223,9 @@ def load_problems(source: str, *, split: str = "train", limit: int | None = None
             problems = read_problem_file(path)
         elif path.is_dir():
             raise DataError(f"{source} is a directory: pass one .jsonl / .json / .parquet file of problems")
-        elif path.exists() or source.count("/") != 1 or path.suffix in DATA_SUFFIXES:
-            raise DataError(f"{source}: no such file, and not a built-in set (arith) or a hub dataset id (owner/name)")
+        elif path.exists() or not is_hub_id(source) or path.suffix in DATA_SUFFIXES:
+            raise DataError(no_such_path(source, "file") + ", and not a built-in set (arith) or a hub dataset id "
+                            "(owner/name)")
         else:
             problems = [p for f in _split_files(download_dataset(source), split, source) for p in read_problem_file(f)]
     if not problems:

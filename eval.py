@@ -351,15 +351,21 @@ def finished_samples(samples_path: Path, resume: bool) -> dict:
     samples_path.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if resume and samples_path.exists():
-        lines = samples_path.read_text().splitlines()
+        try:
+            lines = samples_path.read_text().splitlines()
+        except UnicodeDecodeError:
+            raise data.DataError(f"{samples_path}: not a samples file (not text); cannot resume: pass --overwrite "
+                                 "to start over") from None
         for line_no, line in enumerate(lines, 1):
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                if line_no < len(lines):
-                    raise data.DataError(f"{samples_path}:{line_no}: not a sample record; cannot resume") from None
+                key = (record["benchmark"], record["problem_id"], record["sample"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if line_no < len(lines):  # a last line cut short by an interruption is dropped; any other is not
+                    raise data.DataError(f"{samples_path}:{line_no}: not a sample record; cannot resume: pass "
+                                         "--overwrite to start over") from None
                 break
-            done[(record["benchmark"], record["problem_id"], record["sample"])] = record
+            done[key] = record
         partial = samples_path.with_suffix(".partial")
         partial.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
         os.replace(partial, samples_path)  # never lose finished samples to a second interruption
@@ -454,7 +460,10 @@ UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # A usage of one line: argparse's own lists every flag, 19 lines before each error message.
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     usage="%(prog)s [--model MODEL] [--benchmarks NAMES] [--FLAG VALUE ...] "
+                                           "(--help lists every flag)")
     parser.add_argument("--benchmarks", default="aime24,aime25,amc23,math500",
                         help="comma-separated names (aime24, aime25, amc23, math500 from the hub), local "
                              ".jsonl/.json paths, or the built-in arith sets' test split (arith, arith:max_count=5 "
@@ -472,7 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
     """The eval-only flags and a Config of the shared ones, validated by the same rules as train.py's."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    with config.quiet_on_broken_pipe():  # --help | head
+        args = parser.parse_args(argv)
     shared = {**EVAL_DEFAULTS, **{name: getattr(args, name) for name in EVAL_FIELDS if hasattr(args, name)}}
     typed = config.typed_values(sys.argv[1:] if argv is None else argv)
     rules = [
@@ -506,7 +516,7 @@ def checkpoint_of_run(model: str) -> tuple[str, str | None]:
     one; the note says which."""
     path = Path(model).expanduser()
     if not path.is_dir() or any(path.glob("*.safetensors")) or not any((path / m).exists() for m in RUN_MARKS):
-        return model, None
+        return model, None  # (a run's folder before its first checkpoint: load_model says so)
     best = path / "best" / "best.json"
     if best.is_file():
         record = json.loads(best.read_text())
@@ -531,7 +541,14 @@ def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: boo
         raise data.DataError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
     saved_path, samples = out_dir / "settings.json", out_dir / "samples.jsonl"
     if resume and saved_path.exists():
-        saved = {**UNRECORDED_SETTINGS, **json.loads(saved_path.read_text())}
+        try:
+            saved = json.loads(saved_path.read_text())
+        except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+            raise data.DataError(f"--resume: {saved_path} is damaged ({error}); pass --overwrite to start over") \
+                from None
+        if not isinstance(saved, dict):
+            raise data.DataError(f"--resume: {saved_path} is not a settings file; pass --overwrite to start over")
+        saved = {**UNRECORDED_SETTINGS, **saved}
         changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {v!r}" for k, v in settings.items()
                    if saved.get(k) != v]
         if changed:
@@ -562,8 +579,8 @@ def main(argv=None) -> dict:
             print(interrupted(interrupt, Path(cfg.out_dir), list(sys.argv[1:] if argv is None else argv)),
                   file=sys.stderr)
         raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else signal.SIGINT)) from None
-    except guard.Refused as error:  # another evaluation holds --out-dir, or the OS refused a write
-        sys.exit(f"error: {error}")
+    except (guard.Refused, data.DataError) as error:  # another evaluation holds --out-dir, the OS refused a
+        sys.exit(f"error: {error}")  # write, a damaged samples.jsonl
     except OSError as error:
         if error.errno not in guard.REFUSED_WRITES:
             raise

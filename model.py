@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 
-from data import hub_snapshot
+from data import hub_snapshot, is_hub_id, no_such_path
 
 # model_type in config.json -> the architecture name transformers writes next to it.
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
@@ -435,8 +435,8 @@ def resolve_checkpoint(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    if path.exists() or name_or_path.count("/") != 1:
-        raise FileNotFoundError(f"{name_or_path!r} is neither a checkpoint directory nor a hub id (owner/name)")
+    if not is_hub_id(name_or_path):
+        raise FileNotFoundError(no_such_path(name_or_path, "checkpoint directory") + " (nor a hub id: owner/name)")
     return hub_snapshot(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer*"],
                         instead="a local checkpoint directory (config.json and *.safetensors), or 'tiny'")
 
@@ -469,6 +469,9 @@ def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda", seed: 
         hf_config = json.loads((path / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path / 'config.json'}: not a JSON model config ({error})") from None
+    if isinstance(hf_config, dict) and "model_type" not in hf_config and "out_dir" in hf_config:
+        raise ValueError(f"{path} is a training run's folder (its config.json holds the run's settings), with no "
+                         "checkpoint yet: pass one of its checkpoints (OUT/checkpoints/step-N) once it has one")
     cfg = ModelConfig.from_hf(hf_config)
     with torch.device("meta"):
         model = Transformer(cfg, hf_config)

@@ -47,19 +47,10 @@ from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
 from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
-from runtime import distributed, plan
-from runtime.checkpoint import (
-    checkpoint_dirs,
-    clear_run,
-    newest_intact,
-    run_outputs,
-    save_checkpoint,
-    save_weights,
-    trim_metrics,
-)
+from runtime import checkpoint, distributed, guard, plan
+from runtime.checkpoint import checkpoint_dirs
 from runtime.diagnostics import group_diversity, mixture_closeness
-from runtime.guard import REFUSED_WRITES, Refused, StopOnSignals, exclusive, reason, resume_command
-from runtime.tracking import Tracker, step_line
+from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start
 
 if TYPE_CHECKING:  # a type only: importing transformers costs a second, and a run may need no tokenizer of it
@@ -142,16 +133,17 @@ def run(cfg: Config) -> dict:
     except ValueError as error:
         raise RunError(str(error)) from None
     try:
-        with exclusive(Path(cfg.out_dir), "train.py") if world.is_main else contextlib.nullcontext():
+        with guard.exclusive(Path(cfg.out_dir), "train.py") if world.is_main else contextlib.nullcontext():
             summary = run_steps(cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return summary
-    except Refused as error:  # another run holds --out-dir, or the OS refused a write
+    except guard.Refused as error:  # another run holds --out-dir, or the OS refused a write
         raise RunError(str(error)) from None
     except OSError as error:  # a write elsewhere in --out-dir (config.json, summary.json, ...)
-        if error.errno not in REFUSED_WRITES:
+        if error.errno not in guard.REFUSED_WRITES:
             raise
-        raise RunError(f"cannot write {error.filename or cfg.out_dir}: {reason(error, Path(cfg.out_dir))}") from None
+        out_dir = Path(cfg.out_dir)
+        raise RunError(f"cannot write {error.filename or out_dir}: {guard.reason(error, out_dir)}") from None
     finally:
         distributed.close_world(world)
 
@@ -162,7 +154,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
     checkpoints, stopping on a signal or on failures) is `after_step`'s."""
     r, start_step, max_steps = begin(cfg, world)
     watch = Watch()
-    with StopOnSignals() as interrupt:
+    with guard.StopOnSignals() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
                          file=sys.stderr, disable=None if world.is_main else True):
             step_start = time.perf_counter()
@@ -176,7 +168,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
             after_step(r, watch, step + 1, max_steps, groups, metrics, interrupt, step_start,
                        failed=bool(skipped and not result))
     if max_steps > start_step:
-        save_checkpoint(r, max_steps)
+        checkpoint.save_checkpoint(r, max_steps)
     return finish(r)
 
 
@@ -189,7 +181,7 @@ def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
     r = setup(cfg, world, out_dir)
     start_step = restore_checkpoint(r, resume_from) if resume_from else start_fresh(r)
     max_steps = cfg.max_steps or -(-len(r.problems) // cfg.prompts_per_step)
-    r.metrics_path = trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
+    r.metrics_path = checkpoint.trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
     if r.held_out and start_step == 0:
         r.summary["accuracy_before"] = r.held_out_accuracy()
         say(world, f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} "
@@ -198,7 +190,11 @@ def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
         r.summary["val_before"] = validate(r, 0)
         say(world, "validation before RL: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
+    if world.is_main:  # what the run's start found (a resume keeps what its first start wrote: read_summary)
+        write_summary(r.out_dir, r.summary)
     return r, start_step, max_steps
+
+
 
 
 def train_on(r: Run, groups: Groups, step: int, max_steps: int) -> tuple[dict, int]:
@@ -242,10 +238,10 @@ def after_step(r: Run, watch: Watch, step: int, max_steps: int, groups: Groups, 
                        "stopping. Lower --lr, check the data, or inspect metrics.jsonl.")
     stop = distributed.max_across({"signal": float(interrupt.signal_number)}, r.world)["signal"]
     if stop:  # every rank stops after the same step, whichever got the signal
-        save_checkpoint(r, step)
+        checkpoint.save_checkpoint(r, step)
         raise KeyboardInterrupt(step, int(stop))
     if cfg.save_every and step % cfg.save_every == 0 and step < max_steps:
-        save_checkpoint(r, step)
+        checkpoint.save_checkpoint(r, step)
 
 
 def collect_groups(r: Run, step: int) -> Groups:
@@ -395,7 +391,7 @@ def log_step(r: Run, metrics: dict, groups: Groups) -> None:
         with metrics_path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")
     except OSError as error:
-        raise Refused(f"cannot write {metrics_path}: {reason(error, metrics_path)}") from None
+        raise guard.Refused(f"cannot write {metrics_path}: {guard.reason(error, metrics_path)}") from None
     r.tracker.log(metrics, metrics["step"])
     tqdm.write(step_line(metrics), file=sys.stdout)
     if metrics["skipped_minibatches"]:
@@ -458,7 +454,7 @@ def keep_if_best(r: Run, step: int, metrics: dict) -> None:
     if best is not None and metrics[name] <= best["value"]:
         return
     tmp = Path(tempfile.mkdtemp(prefix=".best-", dir=r.out_dir)) if r.world.is_main else None
-    save_weights(r, tmp)
+    checkpoint.save_weights(r, tmp)
     if r.world.is_main:
         record = {"step": step, "metric": name, "value": metrics[name]}
         (tmp / "best.json").write_text(json.dumps(record) + "\n")
@@ -487,14 +483,14 @@ def finish(r: Run) -> dict:
     last = history[-5:]
     r.summary.update(steps=len(history), reward_first=history[0]["reward_mean"] if history else None,
                      final_reward_mean=sum(m["reward_mean"] for m in last) / max(len(last), 1))
-    (r.out_dir / "summary.json").write_text(json.dumps(r.summary, indent=2) + "\n")
+    write_summary(r.out_dir, r.summary)
     line = f"done: {len(history)} steps"
     if history:
-        line += f", reward {r.summary['reward_first']:.3f} (step 1) -> {r.summary['final_reward_mean']:.3f} (last 5)"
+        line += (f", reward {r.summary['reward_first']:.3f} (step 1) -> {r.summary['final_reward_mean']:.3f} "
+                 f"(last {len(last)})")
     if "accuracy_after" in r.summary:
-        before = r.summary.get("accuracy_before")
-        gain_points = None if before is None else 100 * (r.summary["accuracy_after"] - before)
-        gain = "" if before is None else f" (before: {before:.3f}, {gain_points:+.1f} points)"
+        after, before = r.summary["accuracy_after"], r.summary.get("accuracy_before")
+        gain = "" if before is None else f" (before: {before:.3f}, {100 * (after - before):+.1f} points)"
         print(f"held-out accuracy after RL: {r.summary['accuracy_after']:.3f}{gain}")
     print(f"{line}; outputs in {r.out_dir}")
     return distributed.broadcast_object(r.summary, r.world)
@@ -519,7 +515,7 @@ def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
-    checkpoints, earlier = checkpoint_dirs(out_dir), run_outputs(out_dir)
+    checkpoints, earlier = checkpoint_dirs(out_dir), checkpoint.run_outputs(out_dir)
     if earlier and not cfg.resume and not cfg.overwrite and not own_output(cfg, out_dir):
         if checkpoints:
             raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
@@ -558,7 +554,7 @@ def own_output(cfg: Config, out_dir: Path) -> bool:
 def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
     """The newest checkpoint whose files are those written (runtime/checkpoint.py); each newer damaged one is named
     with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
-    found, skipped = newest_intact(checkpoints)
+    found, skipped = checkpoint.newest_intact(checkpoints)
     if found is None:
         raise RunError(f"--resume: no intact checkpoint in {out_dir / 'checkpoints'} ({'; '.join(skipped)}); "
                        "start over with --overwrite instead of --resume, or pass another --out-dir")
@@ -661,23 +657,23 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         exploration = exploration_from_config(cfg, tokenizer)
     except ValueError as error:
         raise RunError(str(error)) from None
+    try:  # the last checks, before anything in --out-dir is deleted or written
+        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                          timeout_s=cfg.reward_timeout_s)
+        check_report_to(cfg.report_to)
+    except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward
+        raise RunError(str(error)) from None
     if world.is_main:  # the other ranks only read what rank 0 writes
         if cfg.resume and not checkpoint_dirs(out_dir):
             print(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; starting from the beginning",
                   file=sys.stderr)
-        if not cfg.resume and run_outputs(out_dir):  # claim_out_dir allowed it: --overwrite, or the preset's own
-            removed = clear_run(out_dir)  # all of it: a later --resume must never pick up the other run's
+        if not cfg.resume and checkpoint.run_outputs(out_dir):  # claim_out_dir allowed it: --overwrite, or the preset
+            removed = checkpoint.clear_run(out_dir)  # all of it: a later --resume must never pick up the other run's
             why = "--overwrite" if cfg.overwrite else f"the {cfg.preset} preset replaces its own earlier output"
             print(f"{out_dir}: deleted the earlier run ({', '.join(removed)}): {why}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
-    try:
-        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
-                          timeout_s=cfg.reward_timeout_s)
-        # Only rank 0 reports; Tracker checks the optional packages first.
-        tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))
-    except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward
-        raise RunError(str(error)) from None
+    tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))  # only rank 0 reports
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
                         pad_id=pad_id_of(tokenizer))
@@ -703,8 +699,8 @@ def start_fresh(r: Run) -> int:
         dev_model = (lambda: r.policy) if not r.world.distributed else \
             (lambda: distributed.unsharded_copy(r.policy, dtype=torch.float32, device=r.device))
         r.summary.update(warm_start(r.trainer, r.problems, r.tokenizer, r.cfg, r.device, r.pool,
-                                    dev_model=dev_model))
-        save_weights(r, r.out_dir / "warm_start")  # the KL term's reference, also on resume
+                                    dev_model=dev_model, quiet=not r.world.is_main))
+        checkpoint.save_weights(r, r.out_dir / "warm_start")  # the KL term's reference, also on resume
     prepare_sampling(r, saved_table=None)
     return 0
 
@@ -758,6 +754,9 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
     r.batcher.load_state_dict(state["batcher"])
     torch.set_rng_state(state["torch_rng"].cpu())
     random.setstate(state["python_rng"])
+    if r.world.is_main:  # what the run's first start found (held-out accuracy before RL, the warm start) stays;
+        earlier = read_summary(r.out_dir)  # what an earlier end found is found again at this run's end
+        r.summary = {**{k: v for k, v in earlier.items() if k not in END_OF_RUN}, **r.summary}
     say(r.world, f"resumed from {latest} (step {state['step']})", sys.stderr)
     written_by = state.get("world_size", 1)
     if written_by != r.world.size:
@@ -774,9 +773,10 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
 def main(argv=None) -> dict:
     cfg = parse_config(argv, description="N-GRPO training.\n\n" + __doc__.split("\n\n")[1])
     try:
-        return run(cfg)
+        with guard.sigterm_interrupts():
+            return run(cfg)
     except KeyboardInterrupt as interrupt:  # (step, signal) when the loop stopped after a checkpoint
-        resume = resume_command(list(argv if argv is not None else sys.argv[1:]))
+        resume = guard.resume_command(list(argv if argv is not None else sys.argv[1:]))
         if os.environ.get("RANK", "0") != "0":
             pass  # rank 0 says it once
         elif interrupt.args:
@@ -786,7 +786,8 @@ def main(argv=None) -> dict:
             latest = checkpoint_dirs(Path(cfg.out_dir))
             print("interrupted" + (f"; the latest checkpoint is {latest[-1]}; continue with: {resume}" if latest
                                    else " before the first checkpoint; nothing to resume"), file=sys.stderr)
-        raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else 2)) from None  # 130, 143
+        signum = interrupt.args[1] if len(interrupt.args) > 1 else 15 if isinstance(interrupt, guard.Terminated) else 2
+        raise SystemExit(128 + signum) from None  # 130, 143
 
 
 if __name__ == "__main__":

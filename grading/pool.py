@@ -53,7 +53,11 @@ def load_reward_function(spec: str):
             raise ValueError(f"--reward: no file {path}")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as error:  # noqa: BLE001 - a syntax error, an import that fails: the file's, in one line
+            where = f"{path}:{error.lineno}" if isinstance(error, SyntaxError) and error.lineno else str(path)
+            raise ValueError(f"--reward: {where}: {type(error).__name__}: {error}") from None
     else:
         try:
             module = importlib.import_module(location)
@@ -156,7 +160,10 @@ class _Worker:
     """One checker process and the job it is on (`job` index, `deadline` on time.monotonic())."""
 
     def __init__(self, command: list[str]):
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        # A session of its own: a signal to the program's process group (a scheduler's SIGTERM, Ctrl-C) does not
+        # kill the answers being graded; the worker ends with the program all the same (its input closes).
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                        start_new_session=True)
         os.set_blocking(self.process.stdout.fileno(), False)
         self.started = time.monotonic()
         self.pending = b""

@@ -22,13 +22,16 @@ An evaluation gets only the flags written for it, none taken from training: a sw
 the prompt (the demo preset's `instruction: ""`) says so in "eval" too (`"instruction": ""`, passed as
 `--instruction ''`), and eval.py warns in eval.log when a checkpoint was trained on another instruction.
 Outputs: OUT/<run>/seed-<s>/ (train.py's --out-dir, train.log), OUT/<run>/seed-<s>/eval-<row>/ (eval.py's
---out-dir, eval.log). A finished step (summary.json / results.json present) is skipped; an interrupted one
-continues with --resume; a directory holding a run of other flags is an error. The table's value is the mean
-over seeds; its interval is a percentile bootstrap over problems (eval.RESAMPLES draws, seed 0) of each
-problem's score averaged over seeds; the average column averages the benchmarks' resamples (stratified).
+--out-dir, eval.log). A finished step (a training's summary.json with its step count, an evaluation's
+results.json) is skipped; an interrupted one continues with --resume (Ctrl-C stops the sweep and says so); a
+directory holding a run of other flags is an error. --dry-run parses every command's flags as its program would.
+The table's value is the mean over seeds; its interval is a percentile bootstrap over problems (eval.RESAMPLES
+draws, seed 0) of each problem's score averaged over seeds; the average column averages the benchmarks' resamples
+(stratified).
 """
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -42,8 +45,11 @@ from pathlib import Path
 import torch
 
 import data
+from config import parse_config
 from eval import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
+from eval import parse_args as evaluation_args
 from research.analysis import load_samples
+from runtime.tracking import LOG_EVERY_S, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo: train.py and eval.py are there
 SWEEP_KEYS = {"description", "preset", "train", "eval", "seeds", "metrics", "runs"}
@@ -149,29 +155,66 @@ def final_checkpoint(run_dir: Path) -> Path:
     return max(steps, key=lambda d: int(d.name[5:]))
 
 
-def run_step(command: list[str], out_dir: Path, done_file: str, log_name: str, resume_when: str) -> bool:
-    """Runs command (unless out_dir/done_file exists), logging to out_dir/log_name. Adds --resume when
-    out_dir/resume_when exists. Returns whether it ran. The command is recorded in out_dir/command.json:
-    a directory that holds a run of another command is an error, not silently reused."""
+def run_step(command: list[str], out_dir: Path, finished, log_name: str, resume_when: str, label: str = "") -> bool:
+    """Runs command (unless finished(out_dir); a file name: unless out_dir holds it), logging to out_dir/log_name
+    and saying every LOG_EVERY_S seconds what its log last said. Adds --resume when out_dir/resume_when exists.
+    Returns whether it ran. The command is recorded in out_dir/command.json: a directory that holds a run of
+    another command is an error, not silently reused."""
     record = out_dir / "command.json"
     recorded = command[2:]  # the flags: the interpreter's and the script's paths may change between sessions
     if record.exists() and json.loads(record.read_text()) != recorded:
         raise SweepError(f"{out_dir} holds a run of other flags (see {record}): delete the directory or "
                          "rename the run in the sweep file")
-    if (out_dir / done_file).exists():
+    if (finished(out_dir) if callable(finished) else (out_dir / finished).exists()):
         return False
     resume = ["--resume"] if list(out_dir.glob(resume_when)) else []
     out_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(recorded) + "\n")
-    with (out_dir / log_name).open("a") as log:
+    log_path = out_dir / log_name
+    with log_path.open("a") as log:
         log.write(f"$ {shlex.join(command + resume)}\n")
         log.flush()
-        status = subprocess.run(command + resume, stdout=log, stderr=subprocess.STDOUT).returncode
+        process = subprocess.Popen(command + resume, stdout=log, stderr=subprocess.STDOUT)
+        said = None
+        while True:
+            try:
+                status = process.wait(timeout=LOG_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:  # still running: what its log says now
+                last = last_line(log_path)
+                if last and last != said:
+                    print(f"{label or command[1]}: {last}", flush=True)
+                    said = last
     if status != 0:
-        tail = "".join((out_dir / log_name).read_text().splitlines(keepends=True)[-15:])
-        raise SweepError(f"{Path(command[1]).name} failed (exit {status}); end of {out_dir / log_name}:"
-                         f"\n{tail}")
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise SweepError(f"{Path(command[1]).name} failed (exit {status}); end of {log_path}:\n{tail}")
     return True
+
+
+def last_line(path: Path) -> str:
+    """The last line of a log with something in it (a progress bar's last state: after its last carriage return)."""
+    lines = [line.rsplit("\r", 1)[-1].strip() for line in path.read_text(errors="replace").splitlines()]
+    return next((line for line in reversed(lines) if line), "")[:160]
+
+
+def training_finished(run_dir: Path) -> bool:
+    """train.py writes summary.json when a run begins; the end of the run adds its step count."""
+    return "steps" in read_summary(run_dir)
+
+
+def check_flags(what: str, command: list[str], label: str) -> None:
+    """--dry-run: the flags of a step parsed as its program parses them (presets, names, values), so that a typo
+    is found before the sweep's first run rather than after its trainings."""
+    flags = ["tiny" if flag == "<final checkpoint>" else flag for flag in command[2:]]  # not trained yet
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            parse_config(flags) if what == "train" else evaluation_args(flags)
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            said = errors.getvalue().strip().splitlines()
+            message = said[-1].split(": error: ", 1)[-1] if said else str(stop.code)  # without argparse's prog
+            raise SweepError(f"{label}: {Path(command[1]).name}: {message}") from None
 
 
 def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict]:
@@ -181,12 +224,12 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
     for job in jobs:
         steps = []
         if job["train"]:
-            steps.append(("train", job["train"], job["dir"], "summary.json", "train.log",
+            steps.append(("train", job["train"], job["dir"], training_finished, "train.log",
                           "checkpoints/step-*"))
         for evaluation in job["evals"]:
             steps.append((f"eval {evaluation['row']!r}", evaluation["command"], evaluation["dir"],
-                          "results.json", "eval.log", "samples.jsonl"))
-        for what, command, step_dir, done_file, log_name, resume_when in steps:
+                          lambda d: (d / "results.json").exists(), "eval.log", "samples.jsonl"))
+        for what, command, step_dir, finished, log_name, resume_when in steps:
             count += 1
             if what != "train":  # a trained model exists only once training is done
                 model = job["model"]
@@ -195,11 +238,13 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
                 command = command[:2] + ["--model", model] + command[2:]
             label = f"[{count}/{total}] {job['run']} seed {job['seed']}: {what}"
             if dry_run:
+                check_flags(what, command, label)
                 # pasteable: `python` for this interpreter's path; quoted, so an empty value shows as ''
                 print(f"{label}\n  {shlex.join(['python', *command[1:]])}")
                 continue
             start = time.perf_counter()
-            ran = run_step(command, step_dir, done_file, log_name, resume_when)
+            print(f"{label}: running (log: {step_dir / log_name})", flush=True)
+            ran = run_step(command, step_dir, finished, log_name, resume_when, label)
             outcome = f"done in {time.perf_counter() - start:.0f} s" if ran else "already done"
             print(f"{label}: {outcome}", flush=True)
     return jobs
@@ -294,6 +339,10 @@ def main(argv=None) -> None:
         markdown, table_csv = build_table(sweep, jobs, args.resamples)
     except (SweepError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")
+    except KeyboardInterrupt:  # the step running got the signal too (one process group) and stopped
+        print("\ninterrupted; run the same command again to continue (finished steps are skipped, an "
+              "interrupted one resumes)", file=sys.stderr)
+        raise SystemExit(130) from None
     (out_dir / "table.md").write_text(markdown)
     (out_dir / "table.csv").write_text(table_csv)
     print(markdown + f"wrote {out_dir / 'table.md'} and {out_dir / 'table.csv'}")

@@ -108,6 +108,24 @@ class StopOnSignals:
             signal.signal(number, previous)
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM outside the step loop (loading, the warm start): the program stops at once, as on Ctrl-C, and
+    says so (SIGTERM's default ends it without a word)."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM raises Terminated while inside (StopOnSignals, inside it, takes over during the steps)."""
+    def terminated(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def umask() -> int:
     """The process's umask, read without changing it where Linux says it (/proc); elsewhere set and put back."""
     with contextlib.suppress(OSError, ValueError):

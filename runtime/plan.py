@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from data import describe_load_error, hub_snapshot
+from data import describe_load_error, hub_snapshot, is_hub_id, no_such_path
 from engine.decoder import CACHE_ROUND, PREFILL_TOKENS
 from model import MODEL_PRESETS, ModelConfig, Transformer, kv_cache_bytes
 
@@ -92,9 +92,9 @@ def model_config(name_or_path: str) -> ModelConfig:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        if name_or_path.count("/") != 1:
-            raise FileNotFoundError(f"{name_or_path!r} is neither a checkpoint directory, a config.json nor a "
-                                    "hub id (owner/name)")
+        if not is_hub_id(name_or_path):
+            raise FileNotFoundError(no_such_path(name_or_path, "checkpoint directory or config.json") +
+                                    " (nor a hub id: owner/name)")
         path = hub_snapshot(name_or_path, allow_patterns=["config.json"],
                             instead="a local checkpoint directory or its config.json") / "config.json"
     if not path.is_file():

@@ -12,6 +12,7 @@ under OUT/wandb/ and syncs to the W&B project $WANDB_PROJECT (default "ngrpo"), 
 WANDB_MODE=offline (`wandb sync` uploads it later).
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -82,6 +83,14 @@ def parse_report_to(report_to: str | Sequence[str]) -> list[str]:
         raise ValueError(f"report_to: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)} "
                          "(or none)")
     return list(dict.fromkeys(names))
+
+
+def check_report_to(report_to: str | Sequence[str]) -> None:
+    """Raises what Tracker would for these backends (an unknown name, a package not installed), writing nothing."""
+    for name in parse_report_to(report_to):
+        package = {"tensorboard": "tensorboard", "wandb": "wandb"}[name]
+        if importlib.util.find_spec(package) is None:
+            raise ImportError(f"--report-to {name} needs the {package} package: pip install {package}")
 
 
 def numeric(metrics: dict) -> dict[str, float]:
@@ -172,3 +181,24 @@ class Tracker:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+# ----------------------------------------------------------------------------- summary.json
+
+END_OF_RUN = ("accuracy_after", "steps", "reward_first", "final_reward_mean")  # what a run's end adds to its summary
+
+
+def read_summary(out_dir: Path) -> dict:
+    """The summary.json an earlier start of a run wrote ({} if none, or one that does not parse)."""
+    try:
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def write_summary(out_dir: Path, summary: dict) -> None:
+    """OUT/summary.json, written aside and renamed: what the run has found so far."""
+    tmp = Path(out_dir) / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, Path(out_dir) / "summary.json")
