@@ -15,6 +15,7 @@ import math
 import os
 import shlex
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -563,8 +564,9 @@ def build_parser(description: str, argv: list[str] = ()) -> argparse.ArgumentPar
     """`--preset`, `--config`, `--print-config` and one flag per Config field, each showing as its default
     the value a run of `argv` uses (see starting_point)."""
     label, base = starting_point(list(argv))
-    presets = "\n".join(f"  {name}: {', '.join(f'{k}={v}' for k, v in overrides.items())}"
-                        for name, overrides in PRESETS.items())
+    presets = "\n".join(textwrap.fill(", ".join(f"{k}={v}" for k, v in overrides.items()), 116,
+                                       initial_indent=f"  {name}: ", subsequent_indent="      ")
+                         for name, overrides in PRESETS.items())
     parser = argparse.ArgumentParser(
         description=f"{description}\n\nDefaults shown: {label}.",
         usage="%(prog)s [--preset NAME | --config JSON] [--FLAG VALUE ...]",

@@ -1,9 +1,12 @@
 """What every benchmark shares: where ../shared/data is, one JSON line per measurement, latency
 summaries, the real model shapes and their transformers twins, peak memory, device syncs."""
 
+import argparse
+import ctypes
 import json
 import os
 import resource
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -11,7 +14,7 @@ from pathlib import Path
 import torch
 
 from engine.decoder import decoder_for
-from model import TINY_CONFIG
+from model import TINY_CONFIG, resolve_device
 from rollout import Exploration, Sampler, Sampling
 
 # The repo root; bench.py there is the one entry (benchmarks that measure in a fresh process run it again).
@@ -98,3 +101,44 @@ def busy_decoder(model, slots: int, max_len: int, *, cuda_graph: bool, explorati
     rows = torch.arange(slots, device=decoder.device)
     decoder.state.fill(rows, rows, rows, torch.ones_like(rows))
     return decoder, key
+
+
+def device_arg(value: str) -> str:
+    """argparse type of --device: the name of a device this machine has, or one line saying what to pass instead."""
+    try:
+        resolve_device(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def at_least_1(value: str) -> int:
+    """argparse type of a count (rows, steps, repeats, tokens, layers): an int of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number}: must be at least 1")
+    return number
+
+
+def above_0(value: str) -> float:
+    """argparse type of a size or a time (GiB, seconds, a learning rate): a finite number above 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"{number}: must be a finite number above 0")
+    return number
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def dies_with_parent() -> None:
+    """preexec_fn of a benchmark's inner process: on Linux it is killed when the benchmark dies, however it dies
+    (kill -9 included), instead of running on alone; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

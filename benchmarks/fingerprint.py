@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, emit, note
+from benchmarks.common import ROOT, at_least_1, dies_with_parent, emit, note
 
 # The first run warm-starts the random tiny model until it answers a third of the problems (so that rewards, hence
 # gradients, differ between runs); the others start from its warm-start weights.
@@ -63,7 +63,8 @@ def bench_fingerprint(args: argparse.Namespace) -> None:
             command = [sys.executable, str(ROOT / "train.py"), "--preset", "tiny", "--max-steps", str(args.steps),
                        "--out-dir", str(out), "--device", "cpu", *DATA, *model, *flags]
             start = time.perf_counter()
-            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+            done = subprocess.run(command, preexec_fn=dies_with_parent, cwd=ROOT, env=env, capture_output=True,
+                                  text=True)
             if done.returncode:
                 note(done.stderr[-2000:])
                 sys.exit(f"fingerprint run {name} failed: {' '.join(command)}")
@@ -77,5 +78,5 @@ def bench_fingerprint(args: argparse.Namespace) -> None:
 def add_parser(subparsers) -> None:
     fingerprint = subparsers.add_parser("fingerprint", help="five tiny training runs hashed (weights, metrics): "
                                         "the same lines before and after a behaviour-preserving change")
-    fingerprint.add_argument("--steps", type=int, default=3, help="training steps of each run")
+    fingerprint.add_argument("--steps", type=at_least_1, default=3, help="training steps of each run")
     fingerprint.set_defaults(run=bench_fingerprint)

@@ -13,7 +13,7 @@ import time
 from fractions import Fraction
 
 import reward
-from benchmarks.common import EVAL_DATA, emit, latency_ms, note
+from benchmarks.common import EVAL_DATA, above_0, at_least_1, emit, latency_ms, note
 from grading import grader
 
 # Used when ../shared/data is absent: answers in the shapes MATH-500 has, with a one-line solution each.
@@ -448,15 +448,15 @@ def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("grader", help="reward checker: speed, accuracy, agreement with math-verify")
-    parser.add_argument("--workers", type=int, default=None, help="RewardPool workers (default: min(8, CPUs))")
-    parser.add_argument("--timeout-s", type=float, default=5.0, help="per-check time limit")
-    parser.add_argument("--responses", type=int, default=256, help="number of long responses")
-    parser.add_argument("--response-chars", type=int, default=8000, help="length of each long response")
+    parser.add_argument("--workers", type=at_least_1, default=None, help="RewardPool workers (default: min(8, CPUs))")
+    parser.add_argument("--timeout-s", type=above_0, default=5.0, help="per-check time limit")
+    parser.add_argument("--responses", type=at_least_1, default=256, help="number of long responses")
+    parser.add_argument("--response-chars", type=at_least_1, default=8000, help="length of each long response")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-math-verify", dest="math_verify", action="store_false",
                         help="skip the agreement check even when math-verify is installed")
-    parser.add_argument("--corpus-every", type=int, default=5,
+    parser.add_argument("--corpus-every", type=at_least_1, default=5,
                         help="format corpus: every N-th reference also goes inside long responses")
-    parser.add_argument("--corpus-response-chars", type=int, default=3000,
+    parser.add_argument("--corpus-response-chars", type=at_least_1, default=3000,
                         help="format corpus: length of the <think> part of each long response")
     parser.set_defaults(run=bench_grader)

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import emit
+from benchmarks.common import above_0, at_least_1, emit
 from runtime import checkpoint
 
 
@@ -42,7 +42,7 @@ def bench_manifest(args: argparse.Namespace) -> None:
 def add_parser(subparsers) -> None:
     manifest = subparsers.add_parser("manifest", help="a checkpoint's hashing: block digests on every core vs one "
                                      "SHA-256 stream per file")
-    manifest.add_argument("--gb", type=float, default=4.0, help="GiB of random files (1.5B's checkpoint: ~20)")
-    manifest.add_argument("--repeats", type=int, default=3, help="timed runs of each (median reported)")
+    manifest.add_argument("--gb", type=above_0, default=4.0, help="GiB of random files (1.5B's checkpoint: ~20)")
+    manifest.add_argument("--repeats", type=at_least_1, default=3, help="timed runs of each (median reported)")
     manifest.add_argument("--dir", default=None, help="where the files go (default: the system's temp directory)")
     manifest.set_defaults(run=bench_manifest)

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from benchmarks.common import SHAPES, emit, peak_mem_mb, shape_config
+from benchmarks.common import SHAPES, at_least_1, device_arg, emit, peak_mem_mb, shape_config
 from model import random_model
 from neighbors import build_neighbor_table
 
@@ -43,11 +43,13 @@ def bench_neighbors(args: argparse.Namespace) -> None:
 
 def add_parser(subparsers) -> None:
     neighbors = subparsers.add_parser("neighbors", help="the neighbor table over a real-shape output matrix")
-    neighbors.add_argument("--device", default="cpu", help="cpu (fp32 matrix) or cuda (bf16 matrix, as the sampler's)")
+    neighbors.add_argument("--device", type=device_arg, default="cpu",
+                           help="cpu (fp32 matrix) or cuda (bf16 matrix, as the sampler's)")
     neighbors.add_argument("--shape", default=None, choices=["tiny", *SHAPES],
                            help="tiny preset, or the real R1-Distill config from ../shared with random weights "
                                 "(default: tiny on cpu, 1.5b on cuda; 1.5b on cpu takes ~11 minutes)")
-    neighbors.add_argument("--k", type=int, default=2, help="neighbors per row")
+    neighbors.add_argument("--k", type=at_least_1, default=2, help="neighbors per row")
     neighbors.add_argument("--metric", default="cosine", choices=["cosine", "dot", "l2", "l1"])
-    neighbors.add_argument("--repeats", type=int, default=3, help="timed builds after a first one (median reported)")
+    neighbors.add_argument("--repeats", type=at_least_1, default=3,
+                           help="timed builds after a first one (median reported)")
     neighbors.set_defaults(run=bench_neighbors)

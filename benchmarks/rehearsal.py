@@ -26,7 +26,7 @@ import torch
 
 import eval as evaluation
 import train
-from benchmarks.common import BENCH, ROOT, SHARED_DATA, emit, note, rss_mb
+from benchmarks.common import BENCH, ROOT, SHARED_DATA, at_least_1, device_arg, dies_with_parent, emit, note, rss_mb
 from config import preset
 from data import load_tokenizer, pad_id_of, tokenize_problems
 from model import ModelConfig, random_model, save_model
@@ -236,7 +236,7 @@ def bench_rehearsal(args) -> None:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     start = time.perf_counter()
     command = [sys.executable, str(BENCH), "rehearsal", "--inner", *sys.argv[sys.argv.index("rehearsal") + 1:]]
-    result = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    result = subprocess.run(command, preexec_fn=dies_with_parent, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     phases = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"bench": "rehearsal"')]
     for record in phases:
         emit(record)
@@ -248,19 +248,20 @@ def bench_rehearsal(args) -> None:
 def add_parser(subparsers) -> None:
     rehearsal = subparsers.add_parser("rehearsal", help="the R1-Distill-1.5B shape end to end on the CPU: time and "
                                       "memory of each phase against train.py --plan")
-    rehearsal.add_argument("--layers", type=int, default=2, help="decoder blocks (the real model has 28; width and "
-                           "vocabulary stay real)")
-    rehearsal.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    rehearsal.add_argument("--group-size", type=int, default=2, help="responses per prompt")
-    rehearsal.add_argument("--new-tokens", type=int, default=32, help="max new tokens per response")
-    rehearsal.add_argument("--max-prompt-tokens", type=int, default=256, help="longer training prompts are dropped")
-    rehearsal.add_argument("--chunk-tokens", type=int, default=64, help="--logprob-chunk-tokens")
+    rehearsal.add_argument("--layers", type=at_least_1, default=2,
+                           help="decoder blocks (the real model has 28; width and vocabulary stay real)")
+    rehearsal.add_argument("--prompts", type=at_least_1, default=2, help="prompts per step")
+    rehearsal.add_argument("--group-size", type=at_least_1, default=2, help="responses per prompt")
+    rehearsal.add_argument("--new-tokens", type=at_least_1, default=32, help="max new tokens per response")
+    rehearsal.add_argument("--max-prompt-tokens", type=at_least_1, default=256,
+                           help="longer training prompts are dropped")
+    rehearsal.add_argument("--chunk-tokens", type=at_least_1, default=64, help="--logprob-chunk-tokens")
     rehearsal.add_argument("--mix-rate", type=float, default=0.5, help="high, so that a short rollout mixes")
     rehearsal.add_argument("--rollout-is", default="none", choices=["none", "token-truncate", "token-mask",
                                                                     "sequence-truncate", "sequence-mask"],
                            help="train.py's --rollout-is (cap 2): the mismatch is logged in every mode; a mode shows "
                            "what it truncates or masks at this shape")
-    rehearsal.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the allocator's peak "
+    rehearsal.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda; cuda: the allocator's peak "
                            "against the plan's GPU rows (.ci/gpu-checks, full depth)")
     rehearsal.add_argument("--work-dir", default=str(ROOT / "runs" / "rehearsal"),
                            help="the random checkpoint, the neighbor table cache, the runs (kept between runs)")

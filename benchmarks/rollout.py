@@ -19,7 +19,10 @@ import torch.nn.functional as F
 from benchmarks.common import (
     BENCH,
     SHAPES,
+    at_least_1,
     busy_decoder,
+    device_arg,
+    dies_with_parent,
     emit,
     latency_ms,
     peak_mem_mb,
@@ -232,7 +235,7 @@ def bench_rollout_memory(args: argparse.Namespace) -> None:
         for after, label in enumerate(labels):
             command = [sys.executable, str(BENCH), "rollout", "--memory-of", case]
             command += ["--after"] if after else []
-            line = subprocess.run(command, capture_output=True, text=True, check=True,
+            line = subprocess.run(command, preexec_fn=dies_with_parent, capture_output=True, text=True, check=True,
                                   env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout.strip().splitlines()[-1]
             emit({"bench": "rollout_memory", "case": case, "version": label, **json.loads(line)})
 
@@ -264,25 +267,26 @@ def bench_draw_cost(args: argparse.Namespace) -> None:
 
 def add_parser(subparsers) -> None:
     rollout = subparsers.add_parser("rollout", help="sampler: ours vs transformers' generate, neighbor mixing vs none")
-    rollout.add_argument("--device", default="cpu", help="cpu or cuda")
+    rollout.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     rollout.add_argument("--shape", default="tiny", choices=["tiny", *SHAPES],
                          help="tiny preset, or the real R1-Distill config from ../shared with random weights")
-    rollout.add_argument("--batch", type=int, default=16, help="prompts decoded together")
-    rollout.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt")
-    rollout.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (no early stop)")
-    rollout.add_argument("--repeats", type=int, default=None,
+    rollout.add_argument("--batch", type=at_least_1, default=16, help="prompts decoded together")
+    rollout.add_argument("--prompt-len", type=at_least_1, default=32, help="tokens per prompt")
+    rollout.add_argument("--new-tokens", type=at_least_1, default=128,
+                         help="tokens generated per prompt (no early stop)")
+    rollout.add_argument("--repeats", type=at_least_1, default=None,
                          help="timed runs per configuration, median reported (default: 15; --long-tail: 1)")
     rollout.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                          help="on cuda, run our decode step eagerly instead of replaying a CUDA graph")
     rollout.add_argument("--long-tail", action="store_true",
                          help="long-tailed response lengths, rows > slots: continuous refill vs static "
                               "batches, and decode-step time vs attention window (options below)")
-    rollout.add_argument("--rows", type=int, default=32, help="--long-tail: rows generated")
-    rollout.add_argument("--slots", type=int, default=8, help="--long-tail: rows decoded at once")
-    rollout.add_argument("--vocab", type=int, default=896, help="--long-tail: the model's vocabulary size")
+    rollout.add_argument("--rows", type=at_least_1, default=32, help="--long-tail: rows generated")
+    rollout.add_argument("--slots", type=at_least_1, default=8, help="--long-tail: rows decoded at once")
+    rollout.add_argument("--vocab", type=at_least_1, default=896, help="--long-tail: the model's vocabulary size")
     rollout.add_argument("--seed", type=int, default=0,
                          help="--long-tail: seed of the prompts, the response lengths and the sampling draws")
-    rollout.add_argument("--step-repeats", type=int, default=20,
+    rollout.add_argument("--step-repeats", type=at_least_1, default=20,
                          help="--long-tail: timed decode steps per window")
     rollout.add_argument("--memory", action="store_true",
                          help="peak memory before / after the sampler's and replay's memory changes (CPU)")

@@ -31,7 +31,19 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import SHAPES, busy_decoder, emit, note, shape_config, sync, torch_dtype, transformers_twin
+from benchmarks.common import (
+    SHAPES,
+    above_0,
+    at_least_1,
+    busy_decoder,
+    device_arg,
+    emit,
+    note,
+    shape_config,
+    sync,
+    torch_dtype,
+    transformers_twin,
+)
 from engine import kernels
 from engine.decoder import MIN_WINDOW
 from model import random_model
@@ -421,16 +433,17 @@ def bench_rollout_grid(args: argparse.Namespace) -> None:
 def add_parser(subparsers) -> None:
     grid = subparsers.add_parser("rollout-grid", help="the sampler at the real shape on a GPU: ceilings, decode step "
                                  "vs its memory floor, tokens/s vs transformers, in one budgeted process")
-    grid.add_argument("--device", default="cuda", help="cuda (cpu: a small check of the harness itself)")
+    grid.add_argument("--device", type=device_arg, default="cuda",
+                      help="cuda (cpu, with --shape tiny: a small check of the harness itself)")
     grid.add_argument("--shape", default="1.5b", choices=["tiny", *SHAPES],
                       help="the real R1-Distill config from ../shared with random weights, or the tiny preset")
-    grid.add_argument("--batches", type=int, nargs="+", default=[64, 256], help="rows decoded together")
-    grid.add_argument("--new-tokens", type=int, nargs="+", default=[512, 4096],
+    grid.add_argument("--batches", type=at_least_1, nargs="+", default=[64, 256], help="rows decoded together")
+    grid.add_argument("--new-tokens", type=at_least_1, nargs="+", default=[512, 4096],
                       help="tokens generated per row (no early stop), shortest first")
     grid.add_argument("--configs", nargs="+", default=None, metavar="BxN[xR]",
                       help="instead of --batches x --new-tokens: these rows x new tokens (x repeats), in this order")
     grid.add_argument("--skip-steps", action="store_true", help="rollouts only: no decode-step floors or profile")
-    grid.add_argument("--prompt-len", type=int, default=256, help="tokens per prompt")
+    grid.add_argument("--prompt-len", type=at_least_1, default=256, help="tokens per prompt")
     grid.add_argument("--impls", default="ours,ours_neighbor,ours_eager,transformers",
                       help="comma-separated: ours (the library's default: graphed on a GPU), ours_neighbor (the "
                            "same with neighbor mixing at rate 0.1), ours_eager (no CUDA graph), transformers")
@@ -441,11 +454,11 @@ def add_parser(subparsers) -> None:
                       help="transformers' whole rollouts (warm-up and repeats) predicted to take longer than this "
                            "are estimated instead: its prefill + the new tokens x its decode step at the mean "
                            "window, timed from two short generates (a line with an \"estimated\" field)")
-    grid.add_argument("--repeats", type=int, default=2, help="timed rollouts per configuration (median)")
-    grid.add_argument("--batch-for-steps", type=int, default=64, help="rows of the decode-step measurements")
-    grid.add_argument("--step-repeats", type=int, default=20, help="timed decode steps per window")
-    grid.add_argument("--copy-gib", type=float, default=2.0, help="the copy-bandwidth buffer (GiB)")
-    grid.add_argument("--budget-s", type=float, default=300.0,
+    grid.add_argument("--repeats", type=at_least_1, default=2, help="timed rollouts per configuration (median)")
+    grid.add_argument("--batch-for-steps", type=at_least_1, default=64, help="rows of the decode-step measurements")
+    grid.add_argument("--step-repeats", type=at_least_1, default=20, help="timed decode steps per window")
+    grid.add_argument("--copy-gib", type=above_0, default=2.0, help="the copy-bandwidth buffer (GiB)")
+    grid.add_argument("--budget-s", type=above_0, default=300.0,
                       help="skip what would not finish within this many seconds of the start")
     grid.add_argument("--profile-out", default=None, help="also write the profiler table to this file")
     grid.add_argument("--seed", type=int, default=0, help="prompts and sampling draws")

@@ -23,7 +23,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from benchmarks import rehearsal
-from benchmarks.common import ROOT, emit, note
+from benchmarks.common import ROOT, at_least_1, device_arg, dies_with_parent, emit, note
 from config import preset
 
 TIMING = ("_s", "per_s", "seconds")  # metric names that are timings end so; they differ run to run
@@ -33,7 +33,8 @@ def run_train(command: list[str], out_dir: Path, config: Path, extra: list[str])
     """Runs train.py so; returns what it printed to stderr (exits with its output if it fails)."""
     full = [*command, str(ROOT / "train.py"), "--config", str(config), "--out-dir", str(out_dir), *extra]
     note("$ " + " ".join(full))
-    result = subprocess.run(full, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True)
+    result = subprocess.run(full, preexec_fn=dies_with_parent, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"{' '.join(full)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result.stderr
@@ -108,9 +109,9 @@ def add_parser(subparsers) -> None:
                                   "against one plain process, and a resume, on a GPU")
     check.add_argument("--preset", default="tiny", help="tiny, or a paper preset at the real width with random "
                        "weights (--layers deep)")
-    check.add_argument("--layers", type=int, default=2, help="decoder blocks of the real-shape model")
-    check.add_argument("--steps", type=int, default=3, help="training steps of each run (the resume: the last)")
-    check.add_argument("--new-tokens", type=int, default=64, help="max new tokens (real shape)")
-    check.add_argument("--device", default="cuda", help="cuda (cpu: the harness itself, gloo)")
+    check.add_argument("--layers", type=at_least_1, default=2, help="decoder blocks of the real-shape model")
+    check.add_argument("--steps", type=at_least_1, default=3, help="training steps of each run (the resume: the last)")
+    check.add_argument("--new-tokens", type=at_least_1, default=64, help="max new tokens (real shape)")
+    check.add_argument("--device", type=device_arg, default="cuda", help="cuda (cpu: the harness itself, gloo)")
     check.add_argument("--work-dir", default="/tmp/ngrpo-torchrun-check", help="scratch directory (emptied)")
     check.set_defaults(run=bench_torchrun_check)

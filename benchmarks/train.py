@@ -14,7 +14,18 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import BENCH, SHAPES, emit, note, rss_mb, shape_config, transformers_twin
+from benchmarks.common import (
+    BENCH,
+    SHAPES,
+    at_least_1,
+    device_arg,
+    dies_with_parent,
+    emit,
+    note,
+    rss_mb,
+    shape_config,
+    transformers_twin,
+)
 from benchmarks.common import sync as sync_device
 from benchmarks.train_long_tail import add_arguments as add_long_tail_arguments
 from benchmarks.train_long_tail import bench_train_long_tail
@@ -94,7 +105,7 @@ def cpu_step_memory_mb(args: argparse.Namespace, impl: str) -> float:
     if args.grad_checkpointing:
         command.append("--grad-checkpointing")
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, preexec_fn=dies_with_parent, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"measuring the memory of {impl} failed:\n{result.stderr}")
     return json.loads(result.stdout)["peak_mem_mb"]
@@ -204,16 +215,19 @@ def profile_steps(model, steps: dict, out: str) -> None:
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser("train", help="forward + backward of the log-prob path: ours (chunked) vs "
                                   "transformers' full logits + log_softmax")
-    train.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (fp32 weights, bf16 autocast)")
+    train.add_argument("--device", type=device_arg, default="cpu",
+                       help="cpu (fp32) or cuda (fp32 weights, bf16 autocast)")
     train.add_argument("--shape", default=None, choices=["tiny", *SHAPES],
                        help="tiny preset, or the real R1-Distill config from ../shared with random weights "
                             "(default: tiny on cpu, 1.5b on cuda)")
-    train.add_argument("--batch", type=int, default=None, help="sequences per step (default: 8 on cpu, 1 on cuda)")
-    train.add_argument("--seq-len", type=int, default=None,
+    train.add_argument("--batch", type=at_least_1, default=None,
+                       help="sequences per step (default: 8 on cpu, 1 on cuda)")
+    train.add_argument("--seq-len", type=at_least_1, default=None,
                        help="tokens per sequence (default: 512 on cpu, 8192 on cuda)")
-    train.add_argument("--chunk-tokens", type=int, default=1024, help="positions per chunk of our log-prob path")
+    train.add_argument("--chunk-tokens", type=at_least_1, default=1024, help="positions per chunk of our log-prob path")
     train.add_argument("--grad-checkpointing", action="store_true", help="recompute each block in backward (both)")
-    train.add_argument("--repeats", type=int, default=None, help="timed runs per implementation, median reported "
+    train.add_argument("--repeats", type=at_least_1, default=None,
+                       help="timed runs per implementation, median reported "
                        "(default: 10 on cpu, 5 on cuda; --long-tail: 2 updates of each kind)")
     train.add_argument("--impls", default=None, help="comma-separated subset of ours, ours_compiled (cuda: the "
                        "blocks under torch.compile, an experiment), transformers (default: all)")

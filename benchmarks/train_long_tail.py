@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import BENCH, emit, note, rss_mb
+from benchmarks.common import BENCH, at_least_1, dies_with_parent, emit, note, rss_mb
 from benchmarks.long_tail import long_tail_lengths, long_tail_model
 from config import Config
 from ngrpo import micro_batches, replay_tokens, update
@@ -97,7 +97,7 @@ def run_child(args, kind: str, save: Path) -> dict:
     for flag in ("rows", "new_tokens", "prompt_len", "vocab", "micro_batch_size", "micro_batch_tokens", "seed"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed buffers return to the system
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, preexec_fn=dies_with_parent, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"the {kind} update failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.splitlines()[-1])
@@ -146,12 +146,12 @@ def add_arguments(train) -> None:
     """The --long-tail flags of `bench.py train`."""
     train.add_argument("--long-tail", action="store_true", help="one update at long-tailed response lengths: "
                        "fixed-row vs token-budget micro-batches (benchmarks/train_long_tail.py)")
-    train.add_argument("--rows", type=int, default=32, help="--long-tail: rows of the update (prompts x 4)")
-    train.add_argument("--new-tokens", type=int, default=2048, help="--long-tail: the response length limit")
-    train.add_argument("--prompt-len", type=int, default=64, help="--long-tail: the longest prompt (from 16)")
-    train.add_argument("--vocab", type=int, default=896, help="--long-tail: the model's vocabulary size")
-    train.add_argument("--micro-batch-size", type=int, default=4, help="--long-tail: rows per fixed micro-batch")
-    train.add_argument("--micro-batch-tokens", type=int, default=None, help="--long-tail: the token budget "
+    train.add_argument("--rows", type=at_least_1, default=32, help="--long-tail: rows of the update (prompts x 4)")
+    train.add_argument("--new-tokens", type=at_least_1, default=2048, help="--long-tail: the response length limit")
+    train.add_argument("--prompt-len", type=at_least_1, default=64, help="--long-tail: the longest prompt (from 16)")
+    train.add_argument("--vocab", type=at_least_1, default=896, help="--long-tail: the model's vocabulary size")
+    train.add_argument("--micro-batch-size", type=at_least_1, default=4, help="--long-tail: rows per fixed micro-batch")
+    train.add_argument("--micro-batch-tokens", type=at_least_1, default=None, help="--long-tail: the token budget "
                        "(default: micro-batch-size x the longest row, the fixed rows' worst case)")
     train.add_argument("--seed", type=int, default=0, help="--long-tail: the seed of lengths and inputs")
     train.add_argument("--update-of", choices=KINDS, default=None, help="internal: run one update in this process")

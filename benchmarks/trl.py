@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import BENCH, SHARED_DATA, emit, note
+from benchmarks.common import BENCH, SHARED_DATA, above_0, at_least_1, dies_with_parent, emit, note
 from config import Config
 from data import load_tokenizer, math_prompt
 from model import ModelConfig, load_model, random_model, save_model
@@ -133,7 +133,7 @@ def run_side(args, side: str, model_dir: Path) -> dict:
     command = [sys.executable, str(BENCH), "trl", "--side", side, "--model-dir", str(model_dir)]
     for flag in ("prompts", "group", "new_tokens", "steps", "hidden", "layers", "lr", "kl", "seed"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, preexec_fn=dies_with_parent, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"the {side} side failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.splitlines()[-1])
@@ -183,14 +183,14 @@ def bench_trl(args: argparse.Namespace) -> None:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("trl", help="a GRPO step of ours beside TRL's GRPOTrainer (pip install trl)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    p.add_argument("--group", type=int, default=4, help="completions per prompt (G)")
-    p.add_argument("--new-tokens", type=int, default=128, help="every completion's length (forced)")
-    p.add_argument("--steps", type=int, default=4, help="steps per process (the first is a warm-up)")
-    p.add_argument("--repeats", type=int, default=2, help="processes per side, alternating")
-    p.add_argument("--hidden", type=int, default=128, help="the random model's hidden size (2 KV heads of 4)")
-    p.add_argument("--layers", type=int, default=2, help="the random model's decoder layers")
-    p.add_argument("--lr", type=float, default=1e-6, help="learning rate (both)")
+    p.add_argument("--prompts", type=at_least_1, default=4, help="prompts per step")
+    p.add_argument("--group", type=at_least_1, default=4, help="completions per prompt (G)")
+    p.add_argument("--new-tokens", type=at_least_1, default=128, help="every completion's length (forced)")
+    p.add_argument("--steps", type=at_least_1, default=4, help="steps per process (the first is a warm-up)")
+    p.add_argument("--repeats", type=at_least_1, default=2, help="processes per side, alternating")
+    p.add_argument("--hidden", type=at_least_1, default=128, help="the random model's hidden size (2 KV heads of 4)")
+    p.add_argument("--layers", type=at_least_1, default=2, help="the random model's decoder layers")
+    p.add_argument("--lr", type=above_0, default=1e-6, help="learning rate (both)")
     p.add_argument("--kl", type=float, default=0.01, help="KL coefficient (both: a reference model is replayed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--side", choices=SIDES, default=None, help="internal: run one side in this process")

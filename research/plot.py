@@ -72,7 +72,10 @@ def group_runs(runs: list[dict]) -> list[tuple[str, list[dict]]]:
             label = ", ".join(f"{k}={setting.get(k)}" for k in differing)
         else:
             label = str(members[0]["dir"]) if len(members) == 1 else str(members[0]["dir"].parent)
-        curves.append((f"{label} ({len(members)} seed{'s' * (len(members) > 1)})", members))
+        seeds = {(m["config"] or {}).get("seed") for m in members}
+        count = (f"{len(seeds)} seed{'s' * (len(seeds) > 1)}" if len(seeds) == len(members)
+                 else f"{len(members)} runs, {len(seeds)} seed{'s' * (len(seeds) > 1)}")  # runs of one seed: repeats
+        curves.append((f"{label} ({count})", members))
     return curves
 
 

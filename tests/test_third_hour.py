@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import torch_threads
 from test_first_hour import error_line, snapshot
 from test_second_hour import DEMO
@@ -304,3 +305,59 @@ def test_a_training_runs_folder_before_its_first_checkpoint_says_so(tmp_path, ca
     (out / "config.json").write_text(json.dumps({"model": "tiny", "out_dir": str(out), "preset": "tiny"}))
     message = error_line(E.main, ["--model", str(out), "--benchmarks", "arith", "--limit", "1"], capsys)
     assert "is a training run's folder" in message and "no checkpoint yet" in message, message
+
+
+# ----------------------------------------------------------------------------- bench.py: one line, and one unit
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["rollout-grid"], None),  # its default device on a machine without one
+    (["manifest", "--gb", "-1"], "argument --gb: -1.0: must be a finite number above 0"),
+    (["manifest", "--repeats", "0"], "argument --repeats: 0: must be at least 1"),
+    (["grader", "--responses", "0"], "argument --responses: 0: must be at least 1"),
+    (["rollout", "--new-tokens", "-3"], "argument --new-tokens: -3: must be at least 1"),
+    (["train", "--seq-len", "0"], "argument --seq-len: 0: must be at least 1"),
+    (["rollout-grid", "--device", "cpu", "--budget-s", "-1"], "argument --budget-s: -1.0: must be a finite number"),
+])
+def test_bad_benchmark_arguments_are_one_line(argv, expected):
+    done = subprocess.run([sys.executable, str(ROOT / "bench.py"), *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    if expected is None:
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU: rollout-grid's default device exists")
+        expected = "argument --device: --device cuda: this torch build"
+    assert expected in last, last
+
+
+def test_a_benchmarks_inner_process_dies_with_it(tmp_path):
+    """kill -9 of a benchmark leaves no inner process running on alone (benchmarks.common.dies_with_parent)."""
+    script = ("import subprocess, sys, time\nfrom benchmarks.common import dies_with_parent\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+              "preexec_fn=dies_with_parent)\nprint(child.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{child}/stat") as stat:
+            if stat.read().split()[2] == "Z":  # killed, not yet reaped by init
+                return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the inner process outlived its benchmark")
+
+
+def test_a_plots_legend_counts_seeds_not_runs(tmp_path):
+    from research import plot
+
+    runs = [{"dir": tmp_path / f"r{i}", "config": {"explore": "neighbor", "seed": 0, "out_dir": f"r{i}"},
+             "history": {}} for i in range(3)]
+    assert [label for label, _ in plot.group_runs(runs)][0].endswith("(3 runs, 1 seed)")
+    runs = [{**run, "config": {**run["config"], "seed": i}} for i, run in enumerate(runs)]
+    assert [label for label, _ in plot.group_runs(runs)][0].endswith("(3 seeds)")
