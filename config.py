@@ -102,6 +102,9 @@ class Config:
                          "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = the grader)")
     require_boxed: bool = option(False, "only \\boxed answers count (a format-strict reward); by default a "
                                  "final answer stated without a box counts too")
+    rel_tol: float = option(0.0, "our grader's relative tolerance on numbers: |answer - reference| <= rel_tol x "
+                            "|reference| counts as equal (0 = exact; an integer reference stays exact). eval.py: each "
+                            "benchmark's published rule unless given (TheoremQA 0.04; docs/reward.md)")
     reward_timeout_s: float = option(5.0, "seconds one answer's check may take (the grader's or --reward's): past "
                                      "it the check's worker is killed and the answer scores 0, counted in "
                                      "reward_timeouts")
@@ -342,7 +345,8 @@ RANGES = {
     "mix_rate": _FRACTION, "mix_entropy_threshold": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
     "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
     "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
-    "reward_timeout_s": _POSITIVE, "reward_fail_steps": (lambda v: v >= 0, "must be >= 0 (0 = never stop)"),
+    "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "reward_fail_steps": (lambda v: v >= 0, "must be >= 0 (0 = never stop)"),
     "adv_eps": (lambda v: v > 0, "must be > 0: it keeps a group whose rewards are all equal from dividing by "
                 "zero (a negative one flips the advantages' sign)"),
     "clip_low": (lambda v: 0 <= v < 1, "must be in [0, 1): the ratio's floor 1 - clip_low must stay above 0"),

@@ -233,8 +233,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
              stop: guard.StopOnSignals | None = None) -> dict:
     """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed, row_keys) ->
     (texts, tokens)` in batches sorted by prompt length (seed: benchmark_seed; row_keys: each sample's
-    sample_key), scores them with `score_fn(pairs, kind) -> [0/1]`, writes samples.jsonl and results.json
-    (with `scored_by`, the grader settings, when given) under out_dir and returns the results.
+    sample_key), scores them with `score_fn(pairs, kind, benchmark name) -> [0/1]`, writes samples.jsonl and
+    results.json (with `scored_by`, the grader settings, when given) under out_dir and returns the results.
 
     Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
     each round's samples, writes them in batch order and alone writes the files. A sample's draws depend
@@ -383,7 +383,7 @@ def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) ->
     keys = [(name, problems[i]["id"], s) for _, i, s in batch]
     texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed,
                                     [sample_key(i, s) for _, i, s in batch])
-    scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind)
+    scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind, name)
     records = [{"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
                 "extracted": extracted_answer(text, kind), "reference": problems[i]["answer"],
                 "correct": bool(score)}
@@ -426,7 +426,7 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
                "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
                "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader",
-               "reward", "require_boxed", "reward_timeout_s")
+               "reward", "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
 EVAL_HELP = {
@@ -453,10 +453,21 @@ RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "instruction", "
                    "temperature", "top_p", "top_k", "explore", "mix_rate", "mix_entropy_threshold",
                    "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
                    "soft_top_k", "mix_temperature", "noise_sigma", "seed", "grader", "reward",
-                   "require_boxed")
+                   "require_boxed", "rel_tol")
 # What an out-dir written before a setting was recorded was made with: eval.py then always used the paper's
 # instruction.
-UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION}
+UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None}
+# A benchmark's published rule for numbers (--rel-tol unset): a relative tolerance where its own grader allows one.
+# TheoremQA: within_eps, |prediction - reference| <= 0.04 |reference| (TIGER-AI-Lab/TheoremQA, number_utils.py,
+# lines 19-24, used at line 83); every other benchmark here is graded exactly (docs/reward.md).
+PUBLISHED_REL_TOL = {"theoremqa": 0.04}
+
+
+def benchmark_rel_tol(name: str, rel_tol: float | None) -> float:
+    """The relative tolerance a benchmark's numbers are graded with: --rel-tol if given, else its published rule."""
+    if rel_tol is not None:
+        return rel_tol
+    return next((tol for key, tol in PUBLISHED_REL_TOL.items() if key in name.lower()), 0.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -531,7 +542,9 @@ def checkpoint_of_run(model: str) -> tuple[str, str | None]:
 
 
 def settings_of(args: argparse.Namespace, cfg: config.Config) -> dict:
-    return {name: getattr(args, name) if hasattr(args, name) else getattr(cfg, name) for name in RESULT_SETTINGS}
+    settings = {name: getattr(args, name) if hasattr(args, name) else getattr(cfg, name) for name in RESULT_SETTINGS}
+    settings["rel_tol"] = getattr(args, "rel_tol", None)  # unset: each benchmark's published rule
+    return settings
 
 
 def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: bool) -> None:
@@ -606,9 +619,10 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
     out_dir = Path(cfg.out_dir)
     try:
         device = world.device if world.distributed else resolve_device(cfg.device)
-        pool = reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
-                                 timeout_s=cfg.reward_timeout_s)
         settings = settings_of(args, cfg)
+        pools = {tol: reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                                        timeout_s=cfg.reward_timeout_s, rel_tol=tol)
+                 for tol in {benchmark_rel_tol(name, settings["rel_tol"]) for name in args.benchmarks.split(",")}}
         if world.is_main:
             if args.model_note:
                 print(args.model_note, file=sys.stderr)
@@ -648,16 +662,21 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     generate_fn = sampler_fn(model, tokenizer, sampling, exploration, table, progress=world.is_main)
-    scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed}
-    with pool, guard.StopOnSignals("this batch (every finished sample is kept)") as stop:
+    tolerance = {name: benchmark_rel_tol(name, settings["rel_tol"]) for name, _, _ in prompted}
+    scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed, "rel_tol": tolerance}
+    with contextlib.ExitStack() as closing, guard.StopOnSignals("this batch (every finished sample is kept)") as stop:
+        for pool in pools.values():
+            closing.enter_context(pool)
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
-                           seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by,
-                           score_fn=lambda pairs, kind: pool.score(pairs, kind=kind), stop=stop)
-        failed = distributed.sum_across({"errors": pool.errors, "timeouts": pool.timeouts}, world)
+                           seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by, stop=stop,
+                           score_fn=lambda pairs, kind, name: pools[tolerance[name]].score(pairs, kind=kind))
+        failed = distributed.sum_across({"errors": sum(p.errors for p in pools.values()),
+                                         "timeouts": sum(p.timeouts for p in pools.values())}, world)
     if world.is_main:
         if failed["errors"] or failed["timeouts"]:
+            last = next((p.last_error for p in pools.values() if p.last_error), "on another rank")
             print(f"warning: {failed['errors']:.0f} reward error(s) and {failed['timeouts']:.0f} timeout(s) scored 0 "
-                  f"(last: {pool.last_error or 'on another rank'})", file=sys.stderr)
+                  f"(last: {last})", file=sys.stderr)
         print(format_table(results))
         print(f"results in {out_dir / 'results.json'}, samples in {out_dir / 'samples.jsonl'}")
     return results

@@ -431,10 +431,10 @@ def validate(r: Run, step: int) -> dict:
     r.sampler.eval()
     results = evaluation.evaluate(r.val_sets, evaluation.sampler_fn(r.sampler, r.tokenizer, sampling, Exploration()),
                                   n=cfg.val_n, out_dir=r.out_dir / "val" / f"step-{step}", batch_size=batch_size,
-                                  seed=cfg.seed, score_fn=lambda pairs, kind: r.pool.score(pairs, kind=kind),
+                                  seed=cfg.seed, score_fn=lambda pairs, kind, name: r.pool.score(pairs, kind=kind),
                                   progress=False, world=r.world,
                                   scored_by={"grader": cfg.grader, "reward": cfg.reward,
-                                             "require_boxed": cfg.require_boxed})
+                                             "require_boxed": cfg.require_boxed, "rel_tol": cfg.rel_tol})
     return {f"val/{name}/{key}": value for name, row in results.items() for key, value in row.items()
             if key.startswith(("mean@", "pass@"))}
 
@@ -659,7 +659,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         raise RunError(str(error)) from None
     try:  # the last checks, before anything in --out-dir is deleted or written
         pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
-                          timeout_s=cfg.reward_timeout_s)
+                          timeout_s=cfg.reward_timeout_s, rel_tol=cfg.rel_tol)
         check_report_to(cfg.report_to)
     except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward
         raise RunError(str(error)) from None

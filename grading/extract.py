@@ -1,6 +1,7 @@
 """Finding the answer in a response: what a model claims as its final answer, in a documented order of
 preference (candidate_answers; docs/reward.md), and the letter of a multiple-choice answer (extract_choice).
-Pure functions on text, no processes and no I/O; reward.py grades what they return.
+Pure functions on text, no processes and no I/O; reward.py grades what they return. This module decides where
+in a response to look and in which order; prose.py reads the value a sentence there states.
 
 The order: the last \\boxed{...} after </think>, else the last final-answer statement after it ("the answer
 is ...", "Answer: ...", "#### ..."), else a final line that is one formula, else the value of a concluding
@@ -18,6 +19,22 @@ import re
 
 from grading.grader import normalize, undouble_backslashes, unwrap
 from grading.latex import box_spans, split_top, tokenize
+from grading.prose import (
+    DISOWNED,
+    SENTENCE_END,
+    TRAILER_WINDOW,
+    alternative_to,
+    closing_option,
+    closing_value,
+    closing_verdict,
+    concluding_value,
+    final_formula,
+    has_words,
+    reference_kind,
+    restated_output,
+    stated_value,
+    truth_verdict,
+)
 
 _STATEMENT_WINDOW = 4000  # a "final answer" statement far from the end is not final
 _ANSWER_STATEMENT = re.compile(
@@ -29,180 +46,12 @@ _ANSWER_STATEMENT = re.compile(
 _RARER_STATEMENT = re.compile(r"\b(?:option|choice)\s+is\b[\s*_]*:?"  # "The correct option is (B)"
                               r"|答案[是为][:：]?", re.I)  # "the answer is" in Chinese (Qwen2.5-Math reads it too)
 _CLOSING_A_LINE = re.compile(r"[\s*_]*A[:：]", re.I)  # the few-shot "Q: ... A: 5" as the closing line
-# a $ escaped as \$ is a dollar sign, not a delimiter: "$\$18$"
-_MATH_SPAN = re.compile(r"\$\$(.{1,500}?)\$\$|(?<!\\)\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)"
-                        r"|\\\[(.{1,500}?)\\\]", re.S)
-_MATH_CLOSERS = (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\["))
-_HEDGE_WORD = r"(?:(?:possibly|maybe|perhaps|even|else|alternatively)\s+)?"  # "or possibly $16$"
-_LIST_SEPARATOR = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*" + _HEDGE_WORD + r"(?=\$|\\[(\[])")
-# Another value offered right after a final answer, on its line: "\boxed{15} or possibly 16", "Answer: 7 (or 8
-# if the last day counts)", "20, or 21 with the endpoints". The answer and its alternative are then one answer,
-# the list, which a reference of one value never equals (a list of equal values still is one value).
-_ALTERNATIVE = re.compile(r"[\s$*_.]*[(,;]?\s*\b(?:or|alternatively|otherwise)\b,?\s*" + _HEDGE_WORD
-                          + r"(\$[^$\n]{1,200}\$|\\\(.{1,200}?\\\)|\\(?:boxed|fbox)\{[^{}\n]{1,200}\}"
-                          r"|[-−+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)", re.I)
-_REMARK = re.compile(r"\s*\([^()]*(?<![\\a-zA-Z])[a-zA-Z]{3}[^()]*\)$")  # "3 (not 4)": a remark in words
-_PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)")
+_RETRACTED = re.compile(r"[\s*_:]*(?:not|never)\b", re.I)
+_CORRECTION = re.compile(r"\b(?:but|rather|instead|it is|it's)\b[\s,:]*", re.I)
 _NEXT_QUESTION = re.compile(r"\n(?:Q|Question)[:：]")
-_ELLIPSIS = re.compile(r"(?<=\d)(?:\.{3}|…)")
-_SENTENCE_END = re.compile(r"\.(?:\s|$)|[;!?](?:\s|$)| (?:which|since|because|as|so|and so|where)\s")
-_TRAILER_WINDOW = 300
 _TRAILER = re.compile(r"(?:\s*(?:<\|[a-z_]+\|>\s*\w*|I hope (?:it|this) is correct\.?))+\s*$", re.I)
-_CONCLUSION = re.compile(r"\b(?:therefore|thus|hence|so|finally|in conclusion|in total|in all|altogether)\b",
-                         re.I)
-_SENTENCE_BREAK = re.compile(r"[.!?](?=\s)|\n")
-# numbers in prose: 1,000.99, 2,74, -3, 0.5, 12%, 3.2e5 (a unit or currency may be glued on: 1,000.99€)
-_PROSE_NUMBER = re.compile(r"(?<![\w.,^_{])[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:[.,]\d+)?(?:e[-+]?\d+)?(?:\s?%)?"
-                           r"(?![\d,]\d)")
-_PROSE_VALUE_OR_SPAN = re.compile(f"{_MATH_SPAN.pattern}|{_PROSE_NUMBER.pattern}", re.S)
-_NEGATED = re.compile(r"\b(?:not|no|never|cannot|can't|isn't|aren't|wasn't|won't|neither|nor|except)\s+"
-                      r"(?:[a-z]+\s+)?$", re.I)  # "not 10", "cannot be 5": that value is ruled out
-_ENDS_AFTER_VALUE = re.compile(r"\s?(?:[$€£¥%]|[a-zA-Z]+[²³]?)?\W*$")  # a unit or currency, punctuation
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\b")
-_LIST_GAP = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
-_EMPHASIS = re.compile(r"\*\*|__")
-_CURRENCY_BEFORE = r"\s*(?:\\?\$|[€£¥])?\s*$"  # "is $42": the value is 42
-_COPULA_BEFORE = re.compile(r"(?:\b(?:is|are|was|equals|be)|'s|:)" + _CURRENCY_BEFORE, re.I)
-# verbs that state a result, and those of the counts and sums of word problems ("Janet makes $18 every day.")
-_RESULT_BEFORE = re.compile(r"(?:\b(?:is|are|was|were|be|equals?|by|to|of|gives?|get|gets|got|obtain|yields?"
-                            r"|has|have|had|makes?|made|earns?|earned|pays?|paid|needs?|needed|spends?|spent"
-                            r"|costs?|sells?|sold|buys?|bought|saves?|saved|takes?|took|owes?|owed|receives?"
-                            r"|received|collects?|collected|uses?|used|weighs?|holds?|contains?|scores?|scored)"
-                            r"|'s|[:=])" + _CURRENCY_BEFORE, re.I)
-# "our answer is correct": what follows the marker is not a value
-_NOT_A_VALUE = re.compile(r"(?:correct|incorrect|right|wrong|not|that|as|below|above|given|to|in|of|which"
-                          r"|because|since|clearly|indeed|still|also|then)\b", re.I)
-_PROSE_VALUE = re.compile(r".*\s(?:is|are|equals|=)\s+(.+)", re.S)
-_LEADING_QUOTE = re.compile(r"^\\?[\"“”‘']\s*")  # the final answer is "12 and 13"
-_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[a-zA-Z*]+\}")
-_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
 _WORD_OR_SHORT = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
-
-
-def _has_words(answer: str) -> bool:
-    """Whether an answer still has words once normalised (not a unit, a currency or an environment's name)."""
-    return bool(_WORD.search(_ENVIRONMENT.sub("", normalize(answer).text)))
-
-
-def _stated_value(rest: str, sole: str = "any") -> str | None:
-    """The value right after a final-answer marker: a math span (with a % that follows it), or the
-    rest of the sentence; for a sentence in words, the value after its last "is", else the one value it
-    gives (`sole`: "any", "after a verb" or "none"; see _sole_value); None for a sentence that goes on in
-    words ("the answer is correct")."""
-    rest = _LEADING_QUOTE.sub("", rest.lstrip(" *_:"))
-    if _NOT_A_VALUE.match(rest):
-        return None
-    values, position = [], 0
-    while span := _MATH_SPAN.match(rest, position):  # "$x = 2$ or $x = 3$": every span of the list
-        value = next(group for group in span.groups() if group is not None).strip()
-        percent = _PERCENT_AFTER.match(rest, span.end())
-        values.append(value + ("\\%" if percent else ""))
-        separator = _LIST_SEPARATOR.match(rest, percent.end() if percent else span.end())
-        if not separator:
-            break
-        position = separator.end()
-    if values:
-        return ", ".join(values) if all(values) else None
-    line = _ELLIPSIS.sub(r"\\ldots", rest.split("\n", 1)[0][:200])  # 0.333... is not a sentence's end
-    hedged = _with_alternative(line)
-    if hedged:
-        return hedged
-    line = _SENTENCE_END.split(line, maxsplit=1)[0]
-    line = _REMARK.sub("", line.strip().rstrip(".,;:")).strip("*_ \"“”").strip()
-    if not _has_words(line):
-        return line or None
-    prose = _PROSE_VALUE.fullmatch(line)  # "The volume of $ABCD$ is 120": what follows the last "is"
-    value = _stated_value(prose.group(1), sole) if prose else None
-    if (value and not _has_words(value)) or sole == "none":
-        return value or line
-    return _sole_value(line, after_verb=sole == "after a verb") or value or line
-
-
-def _alternative_to(after: str) -> str | None:
-    """The value offered as an alternative at the start of `after` (the text that follows an answer on its
-    line), unwrapped from $...$ or a box: " or possibly $16$." -> "16"; None when there is none."""
-    alternative = _ALTERNATIVE.match(after.split("\n", 1)[0])
-    if not alternative:
-        return None
-    value = alternative.group(1)
-    for opener, closer in (("$", "$"), ("\\(", "\\)"), ("\\boxed{", "}"), ("\\fbox{", "}")):
-        if value.startswith(opener) and value.endswith(closer):
-            return value[len(opener):len(value) - len(closer)].strip()
-    return value.rstrip(",")
-
-
-def _with_alternative(line: str) -> str | None:
-    """A stated line's value and the alternative it offers after it, as one list ("7 (or 8 if ...)" ->
-    "7, 8"), or None when the line offers no alternative after a first value."""
-    first = _PROSE_VALUE_OR_SPAN.search(line)
-    if not first or line[:first.start()].strip(" *_:$"):
-        return None
-    alternative = _alternative_to(line[first.end():])
-    if alternative is None:
-        return None
-    value = next((group for group in first.groups() if group is not None), first.group()).strip()
-    return f"{value}, {alternative}"
-
-
-def _prose_values(sentence: str) -> list[tuple[int, int, str]]:
-    """(start, end, value) of the values a sentence in prose gives, in order: its math spans and the
-    numbers outside them, less those it rules out ("not 10", "cannot be 5")."""
-    values = []
-    for match in _PROSE_VALUE_OR_SPAN.finditer(sentence):
-        if not _NEGATED.search(sentence[max(0, match.start() - 30):match.start()]):
-            span = next((group for group in match.groups() if group is not None), match.group())
-            values.append((match.start(), match.end(), span.strip()))
-    return values
-
-
-def _sole_value(sentence: str, after_verb: bool = False) -> str | None:
-    """The one value a sentence in prose gives ("Final Answer: Jane started 3 hours ago"); with after_verb,
-    only one that follows a verb of result ("Thus there are 12 ways", "so it increases by 100%"; not "So
-    we must check 4 more cases")."""
-    values = _prose_values(sentence)
-    if len(values) != 1 or (after_verb and not _RESULT_BEFORE.search(sentence[:values[0][0]])):
-        return None
-    return values[0][2]
-
-
-def _listed(text: str, values: list[tuple[int, int, str]]) -> tuple[int, str]:
-    """The run of values that ends `values` as one list ("$2$ and $3$", "2, 3 or 4"): where it starts in
-    text, and its values joined with commas."""
-    run = values[-1:]
-    for value in reversed(values[:-1]):
-        if not _LIST_GAP.fullmatch(text, value[1], run[0][0]):
-            break
-        run.insert(0, value)
-    return run[0][0], ", ".join(value for _, _, value in run)
-
-
-def _last_sentence(text: str) -> tuple[str, bool]:
-    """The last sentence of a text (within its last 300 characters, bold marks dropped), and whether it
-    ends as a sentence does (a response cut off mid-thought does not)."""
-    text = _EMPHASIS.sub("", text[-2 * _TRAILER_WINDOW:]).rstrip()
-    complete = text.endswith((".", "!", "?", "$", "\\]", "\\)"))
-    text = text.rstrip(".!?").rstrip()
-    breaks = [match.end() for match in _SENTENCE_BREAK.finditer(text, max(0, len(text) - _TRAILER_WINDOW))]
-    return text[breaks[-1] if breaks else -_TRAILER_WINDOW:].strip(), complete
-
-
-def _final_formula(text: str) -> str | None:
-    """A response that ends with one formula: a final $...$ / \\[...\\], or a last line that is a formula
-    with no words ("42", "x = 5")."""
-    ending = text.rstrip().rstrip(".").rstrip("*").rstrip()
-    for closer, opener in _MATH_CLOSERS:
-        start = ending.rfind(opener, 0, len(ending) - len(closer)) if ending.endswith(closer) else -1
-        if start >= 0:  # "the roots are $2$ and $3$": every span of the list that ends the line
-            line = ending[ending.rfind("\n", 0, start) + 1:]
-            spans = [value for value in _prose_values(line) if line[value[0]] in "$\\"]
-            if len(spans) > 1 and spans[-1][1] == len(line):
-                return _listed(line, spans)[1]
-            return ending[start + len(opener):len(ending) - len(closer)].strip() or None
-    last_line = ending[ending.rfind("\n") + 1:].strip().strip("*").strip()
-    if 0 < len(last_line) <= 200 and "\\boxed" not in last_line and normalize(last_line).text \
-            and not _has_words(last_line):
-        return last_line  # a formula with at most a unit, a currency or a percent word after it
-    return None
 
 
 def _statement_ends(text: str, start: int, end: int) -> list[int]:
@@ -225,36 +74,16 @@ def _last_statement(text: str, start: int = 0) -> str | None:
     """The value of the last final-answer statement in text[start:] (within its last 4,000 characters)."""
     tail = text[max(start, len(text) - _STATEMENT_WINDOW):]
     for statement_end in reversed(_statement_ends(tail, 0, len(tail))):
-        value = _stated_value(tail[statement_end:])
+        if _RETRACTED.match(tail, statement_end):  # "The answer is not 5.": no answer, and no earlier one stands
+            retracted = SENTENCE_END.split(tail[statement_end:].split("\n", 1)[0], maxsplit=1)[0].strip(" *_:.")
+            correction = _CORRECTION.search(retracted)  # "... is not 42 but 41": the correction
+            return (stated_value(retracted[correction.end():]) if correction else None) or retracted
+        line = tail[statement_end:statement_end + 300].split("\n", 1)[0]
+        if DISOWNED.search(line):  # "The answer is 3, which is wrong.": that line, which equals nothing
+            return line.strip(" *_:.")
+        value = stated_value(tail[statement_end:])
         if value and (_DIGIT.search(value) or not _is_placeholder(unwrap(value))):
             return value
-    return None
-
-
-def _concluding_value(text: str) -> str | None:
-    """The value a concluding last sentence gives: "Therefore, the probability is 2/3." -> "2/3",
-    "Thus $x \\geq 5$ is the solution." -> "x \\geq 5"; in words, its one value after a verb of result, when
-    the sentence is complete ("Therefore, it increases by 100%." -> "100%"; "Janet makes $18 every day." -> 18,
-    with or without a word of conclusion)."""
-    sentence, complete = _last_sentence(text)
-    for conclusion in reversed(list(_CONCLUSION.finditer(sentence))):
-        value = _stated_value(sentence[conclusion.end():], "after a verb" if complete else "none")
-        if value and not _has_words(value):  # "so we are done": no value
-            return value
-    return _sole_value(sentence, after_verb=True) if complete else None
-
-
-def _closing_value(text: str) -> str | None:
-    """The value that closes the last sentence (or its first clause) right after "is" or ":" ("... not 10,
-    it's 1,000.99€"; "The probability is $\\frac{5}{12}$, which is about 0.42."), a unit, a currency or
-    punctuation aside."""
-    sentence, _ = _last_sentence(text)
-    for part in (sentence, _SENTENCE_END.split(sentence, maxsplit=1)[0]):
-        values = _prose_values(part)
-        if values and _ENDS_AFTER_VALUE.fullmatch(part, values[-1][1]):
-            start, listed = _listed(part, values)  # "The roots are 2 and 3."
-            if _COPULA_BEFORE.search(part[:start]):
-                return listed
     return None
 
 
@@ -272,14 +101,14 @@ def _before_next_question(text: str, start: int) -> str:
 
 def _without_trailer(text: str) -> str:
     """The response without a chat template's next-turn marker or a closing pleasantry."""
-    head, tail = text[:-_TRAILER_WINDOW], text[-_TRAILER_WINDOW:]
+    head, tail = text[:-TRAILER_WINDOW], text[-TRAILER_WINDOW:]
     return head + _TRAILER.sub("", tail)
 
 
 def _unboxed_answer(text: str) -> str | None:
     """What a text without a box states (order of preference in candidate_answers): a formula that ends
     it, else the value of a concluding sentence, else a value that closes it after "is"."""
-    return _final_formula(text) or _concluding_value(text) or _closing_value(text)
+    return final_formula(text) or concluding_value(text) or closing_value(text)
 
 
 def stated_answer(text: str) -> str | None:
@@ -290,6 +119,26 @@ def stated_answer(text: str) -> str | None:
 
 
 def candidate_answers(response: str, reference: str = "", require_boxed: bool = False) -> list[str]:
+    """What a response may be claiming as its answer, best first (_candidates); for a reference that is a
+    truth value (True / False / Yes / No), each read as the verdict it states ("the statement is not true" ->
+    False), or the verdict of a concluding sentence when nothing else is stated; for an option letter, the
+    option a closing sentence names ("so option (d)")."""
+    candidates = _candidates(response, reference, require_boxed)
+    if require_boxed:
+        return candidates
+    kind = reference_kind(reference)
+    if kind == "truth value":
+        verdicts = [truth_verdict(candidate) for candidate in candidates]
+        if any(verdicts):
+            return [verdict or candidate for verdict, candidate in zip(verdicts, candidates)]
+        return closing_verdict(response) or candidates
+    if kind == "option":  # the option the last sentence commits to is the last answer; else the candidates
+        option = closing_option(response)
+        return [option] if option else candidates
+    return candidates
+
+
+def _candidates(response: str, reference: str = "", require_boxed: bool = False) -> list[str]:
     """What a response may be claiming as its answer, best first. The order of preference (docs/reward.md),
     all after </think> when the response has one:
     0. the content of the last <answer>...</answer> tag, read by these same rules (R1-Zero-style prompts);
@@ -297,7 +146,8 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
     2. the last box (and, for a reference with several parts, all those boxes together as one list); boxes
        that hold no answer (\\boxed{}, \\boxed{[answer]}) are not boxes;
     3. a formula that ends the response, else the value of a concluding sentence ("Therefore, the
-       probability is 2/3."), else a value that closes it after "is" ("... which is 1,000.99€");
+       probability is 2/3."), else a value that closes it after "is" ("... which is 1,000.99€"), else the value
+       of a tool's last output that the closing prose restates ("```output\n3.0\n```\nThree trucks are needed.");
     4. the last box inside the thinking.
     With require_boxed only boxes count (2, then 4). Boxes of different values listed at the end
     ("\\boxed{3} or \\boxed{4}") are one answer, the list, which a reference of one value never equals.
@@ -308,25 +158,26 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
     response = _before_next_question(response, answer_start)
     if not require_boxed:
         tagged = _answer_tag(response, answer_start)
-        candidates = candidate_answers(tagged, reference) if tagged else []
+        candidates = _candidates(tagged, reference) if tagged else []
         if candidates:
             return candidates
     spans = [span for span in box_spans(response) if not _is_placeholder(span[2])]
     final_spans = [span for span in spans if span[0] > think_end]
     if not require_boxed:
         statement = _last_statement(response, final_spans[-1][1] if final_spans else answer_start)
-        if statement and not (final_spans and _has_words(statement)):
+        if statement and not (final_spans and has_words(statement)):
             return [statement]  # after a box, only a formula overrides it: "Answer: see above" does not
         if not final_spans:
-            unboxed = _unboxed_answer(response[answer_start:][-_STATEMENT_WINDOW:])
+            tail = response[answer_start:][-_STATEMENT_WINDOW:]
+            unboxed = _unboxed_answer(tail) or restated_output(tail)
             if unboxed:
                 return [unboxed]
     if not spans:
         return []
-    alternative = _alternative_to(response[spans[-1][1]:])
+    alternative = alternative_to(response[spans[-1][1]:])
     if alternative is not None:
         return [f"{spans[-1][2]}, {alternative}"]  # "\boxed{15} or possibly 16": a hedge
-    candidates = [spans[-1][2]]
+    candidates = [spans[-1][2] + _unit_after(response, spans[-1][1], spans[-1][2])]
     if len(spans) == 1:
         return candidates
     last_boxes = _last_box_list(response, final_spans or spans)
@@ -337,6 +188,21 @@ def candidate_answers(response: str, reference: str = "", require_boxed: bool = 
     elif len(last_boxes) > 1:
         return [", ".join(last_boxes)]  # a hedge: several values where one is asked for
     return candidates
+
+
+_AFTER_BOX = re.compile(r"(?:\$|\\\)|\\\])?([^\n$]{1,30}?)(?:\.?\s*$|\.\s|[,;]|\$|\n)")
+
+
+def _unit_after(text: str, end: int, content: str) -> str:
+    """The unit written right after a box of a number, which belongs to its answer: "\\boxed{2.4} mm." -> " mm"
+    (OlympiadBench's physics prompt asks for the unit outside the box: inference/code/evaluators/evaluator.py);
+    "" for none."""
+    after = _AFTER_BOX.match(text, end)
+    if not after or not after.group(1).strip() or content.rstrip()[-1:] not in tuple("0123456789}"):
+        return ""
+    tail = after.group(1).strip()
+    unit = normalize("1 " + re.split(r"\s+or\s+", tail, maxsplit=1)[0])
+    return " " + tail if unit.unit and unit.text == "1" else ""  # "\\boxed{2.4} mm or cm": the hedge comes along
 
 
 def _last_box_list(text: str, spans: list[tuple[int, int, str]]) -> list[str]:

@@ -3,8 +3,9 @@ processes and no I/O (reward.py runs them in time-bounded workers).
 
 Two stages:
 - normalize() turns an answer into a canonical string (spacing, \\left/\\right, \\dfrac, \\text{},
-  currency, thousands separators, percent spellings); fast_verdict() decides most pairs from those strings
-  without sympy (identical text, plain numbers as exact fractions, words, multiple-choice letters);
+  currency, thousands separators, percent spellings) and its unit (units.py); fast_verdict() decides most pairs
+  from those strings without sympy (identical text, plain numbers as exact fractions (numerals.py), words,
+  multiple-choice letters);
 - what is left is parsed from LaTeX straight into sympy objects (latex.py's parse_answer) and compared
   exactly by answers_equal(): no floating tolerance, except for a reference written as a rounded decimal
   (see docs/reward.md for every policy).
@@ -34,6 +35,8 @@ from grading.latex import (
     split_top,
     tokenize,
 )
+from grading.numerals import PLAIN_NUMBER, plain_number, precision_matches
+from grading.units import is_unit_symbol, joined_unit_blocks, read_degrees, split_unit, text_block_unit
 
 MAX_ANSWER_CHARS = 1000  # a longer "answer" only equals an identical reference: no real answer is this long
 
@@ -64,8 +67,6 @@ _SPACING = re.compile(r"\\\\|\\(?:left|right)\.|\\(?:left|right|[bB]igg?[lr]?|di
                       r"|qquad)(?![a-zA-Z])|\\[,;:! ]|~")
 _TEXT_BLOCK = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textsf|mbox|mathrm|mathbf|mathit|mathsf"
                          r"|operatorname)\s*\{")
-_UNIT_TEXT = re.compile(r"[A-Za-z][A-Za-z .\-/]*")
-_UNIT_POWER = re.compile(r"\s*(?:\^\s*(?:\{\s*\d\s*\}|\d)|[²³])")
 # One pass for the many one-for-one spellings: a command (not followed by a letter) or a symbol -> ours.
 _SPELLINGS = {
     "\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom",
@@ -77,6 +78,7 @@ _SPELLINGS = {
     "÷": "\\div ",
     "π": "\\pi ", "∞": "\\infty ", "√": "\\sqrt ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
     "∅": "\\emptyset ", "≈": "\\approx ", "\\%": "%",
+    "^{\\prime}": "'", "^\\prime": "'", "^{\\prime\\prime}": "''",  # v^{\prime} is v'
 }
 _SPELLING = re.compile("|".join(
     re.escape(key) + ("(?![a-zA-Z])" if key[0] == "\\" and key[-1].isalpha() else "")
@@ -88,11 +90,11 @@ _REWRITES = [(re.compile(pattern), replacement) for pattern, replacement in [
     (r"(?<![a-zA-Z])(?:per\s?cent(?:age)?|pct)\b", "%"),
     (r"\\\$|\$|\bdollars?\b|\bUSD\b|US\$|[€£¥]|\\euro\b|\\pounds\b", ""),
     (r"^[a-zA-Z]\s*\\in(?![a-zA-Z])", ""),
+    (r"(?i)\bmiles?\s+(?:per|an?)\s+hour\b", "mph"), (r"(?i)\bkilomet(?:er|re)s?\s+(?:per|an?)\s+hour\b", "km/h"),
+    (r"(?i)\bmet(?:er|re)s?\s+(?:per|a)\s+second\b", "m/s"),
+    # v^2_0 is v_0^2: TeX takes a name's two scripts in either order
+    (r"((?<![\\a-zA-Z])[a-zA-Z]|\\[a-zA-Z]+)\^(\{[^{}]*\}|[a-zA-Z0-9])_(\{[^{}]*\}|[a-zA-Z0-9])", r"\1_\3^\2"),
 ]]
-# Degree marks (see _read_degrees)
-_DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°"
-                     r"|\^?\\degree(?![a-zA-Z])")
-_TRIGONOMETRIC = re.compile(r"(?<![a-zA-Z])(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
 _APPROX = re.compile(r"\\approx(?![a-zA-Z])")
 # Spaces go, except where they separate tokens: "\pi r" is not "\pir", "\log_2 8" is not "\log_28".
 _PROTECTED_SPACE = re.compile(r"(\\[a-zA-Z]+|[_^]\d)\s+(?=[a-zA-Z\d])")
@@ -103,59 +105,8 @@ _SHORT_ARGS = [(re.compile(pattern), replacement) for pattern, replacement in [
     (r"\\sqrt(\d)", r"\\sqrt{\1}"),
 ]]
 _GROUPED_NUMBER = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # 0,111 is a decimal comma
-_BASE_SUBSCRIPT = re.compile(r"(\d+)_\{?(\d+)\}?")
-
-# Units: canonical name -> spellings (plurals are found by dropping a final "s" / "es").
-_UNIT_SPELLINGS = {
-    "mm": "mm millimeter millimetre", "cm": "cm centimeter centimetre", "m": "m meter metre",
-    "km": "km kilometer kilometre", "in": "in inch", "ft": "ft foot feet", "yd": "yd yard", "mi": "mi mile",
-    "mph": "mph", "km/h": "km/h kph kmh", "m/s": "m/s", "s": "s sec second", "min": "min minute",
-    "h": "h hr hour", "day": "day", "week": "wk week", "month": "month", "year": "yr year",
-    "mg": "mg milligram",
-    "g": "g gram", "kg": "kg kilogram", "lb": "lb pound", "oz": "oz ounce", "l": "l liter litre",
-    "ml": "ml milliliter millilitre", "gal": "gal gallon", "cent": "cent", "degree": "degree deg",
-    "radian": "rad radian", "%": "%",
-}
-_UNIT_NAMES = {spelling: name for name, spellings in _UNIT_SPELLINGS.items()
-               for spelling in spellings.split()}
-_GENERIC_UNITS = {"unit", "dollar", "usd"}  # say nothing about the answer: no unit
-_TRAILING_UNIT = re.compile(
-    r"(?<=[\d}).\s])\s*((?:(?:sq(?:uare)?|cubic)\.?\s+)?(?:units?|mm|cm|km|m|meters?|metres?"
-    r"|centimet(?:er|re)s?|millimet(?:er|re)s?|kilomet(?:er|re)s?|inch(?:es)?|in|feet|foot|ft|yards?|yd"
-    r"|miles?|mi|mph|km/h|m/s"
-    r"|seconds?|sec|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|yrs?|cents?|degrees?|radians?"
-    r"|rad|mg|kg|g|grams?|kilograms?|pounds?|lbs?|ounces?|oz|liters?|litres?|l|ml|gallons?|gal))\.?"
-    r"((?:\s*\^\s*(?:\{\s*\d\s*\}|\d))|[²³])?\s*$", re.I)
-# "12 apples", "7 people": a plain word after a plain number names what is counted (a unit of its own)
-_TRAILING_NOUN = re.compile(r"(?<=\d)\s+([a-zA-Z]{3,}(?:\s+[a-zA-Z]{3,})?)()$")
-_SPELLED_POWER = re.compile(r"^(?:(sq(?:uare)?)|(cubic))\.?\s+", re.I)
-
-
-def _canonical_unit(words: str, power: str = "") -> str:
-    """'square centimeters' -> 'cm^2', 'Meters' -> 'm', 'degrees' -> 'degree'; unknown words stay as words."""
-    words = words.strip().strip(".").lower()
-    spelled = _SPELLED_POWER.match(words)
-    exponent = re.sub(r"\D", "", power.replace("²", "2").replace("³", "3"))
-    if spelled:
-        words, exponent = words[spelled.end():], "2" if spelled.group(1) else "3"
-    name = _UNIT_NAMES.get(words) or _UNIT_NAMES.get(words[:-1] if words.endswith("s") else words) \
-        or _UNIT_NAMES.get(words[:-2] if words.endswith("es") else words) or words.rstrip("s")
-    if name in _GENERIC_UNITS:
-        return ""
-    return f"{name}^{exponent}" if exponent and exponent != "1" else name
-
-
-_SHORT_UNITS = {"m", "s", "h", "l", "g", "in", "mi"}  # also names of variables: a unit only after "5 "
-
-
-def _is_unit_after_value(text: str, trailing: re.Match) -> bool:
-    """Whether a trailing unit word follows a value (5 cm, 12 m) rather than ends a formula (n - m, 5m)."""
-    before = text[:trailing.start()]
-    if not re.search(r"[\d})]\s*$", before):
-        return False
-    if trailing.re is _TRAILING_NOUN and not _PLAIN_NUMBER.fullmatch(before.strip()):
-        return False  # "2x + 3 ways"? only a bare number counts things
-    return trailing.group(1).lower() not in _SHORT_UNITS or trailing.group(0)[:1].isspace()
+_BASE_SUBSCRIPT = re.compile(r"(\d+)_(\d+)")  # 52_8 once normalised
+_WRITTEN_BASE = re.compile(r"(?<![\^\d])(\d+)_(?:\{(\d+)\}|(\d+))")  # 52_8, 52_{8}; not v^2_0
 
 
 def _mixed_number(match: re.Match) -> str:
@@ -164,18 +115,6 @@ def _mixed_number(match: re.Match) -> str:
     if int(numerator) >= int(denominator):
         return match.group()
     return rf"{whole}\frac{{{numerator}}}{{{denominator}}}"
-
-
-def _read_degrees(text: str, unit: str) -> tuple[str, str]:
-    """A degree mark inside a trigonometric function is pi/180 (kept as ° for the parser: \\sin(90^\\circ - x)
-    is \\cos x); otherwise one that ends the answer is its unit (90^\\circ), and others ((1, 30°) in polar
-    form) are dropped. Returns (text, unit)."""
-    if _TRIGONOMETRIC.search(text):
-        return _DEGREE.sub("°", text), unit
-    degree_at_end = re.search(f"(?:{_DEGREE.pattern})\\s*$", text)
-    if degree_at_end and not unit and text[:degree_at_end.start()].strip():
-        unit = "degree"
-    return _DEGREE.sub("", text), unit
 
 
 def _without_approximation(text: str) -> str:
@@ -265,20 +204,14 @@ def _rewrite_text_blocks(text: str) -> tuple[str, str]:
             break
         command, content = match.group(1), text[match.end():close].strip()
         end = close + 1
-        unit_power = _UNIT_POWER.match(text, end)
-        after_unit = unit_power.end() if unit_power else end
-        is_unit = (not text[after_unit:].strip(" .") and text[:match.start()].strip()
-                   and _UNIT_TEXT.fullmatch(content) and (not command.startswith("math") or len(content) > 1
-                                                          or content.lower() in _UNIT_NAMES))
         if command == "operatorname":
             replacement = "\\" + content
         elif content.lower() in ("and", "or", ",", "and/or"):
             replacement = ","
         elif content.lower() in ("%", "\\%", "percent"):
             replacement = "%"
-        elif is_unit:
-            replacement, end = "", after_unit
-            unit = _canonical_unit(content, unit_power.group() if unit_power else "")
+        elif (block_unit := text_block_unit(text, match.start(), command, content, end)) is not None:
+            replacement, (unit, end) = "", block_unit
         else:
             replacement = f" {content} "
         text = text[:match.start()] + replacement + text[end:]
@@ -297,7 +230,7 @@ def normalize(answer: str) -> Answer:
     >>> normalize("15 \\\\text{ cm}^2"), normalize("12.5 \\\\%").percent
     (Answer(text='15', unit='cm^2', percent=False), True)
     """
-    if _PLAIN_NUMBER.fullmatch(answer):
+    if PLAIN_NUMBER.fullmatch(answer):
         return Answer(answer)
     text = unwrap(undouble_backslashes(_CONTROL.sub("", answer)))
     if text.startswith("{") and matching_brace(text, 0) == len(text) - 1:
@@ -308,6 +241,8 @@ def normalize(answer: str) -> Answer:
     text = _SPACING.sub(lambda match: "\\\\" if match.group() == "\\\\" else " ", text)  # keep \\ rows
     if _REPEATING_HINT.search(text):
         text = _repeating_decimals(text)
+    if "\\" in text or "°" in text:
+        text = joined_unit_blocks(text)
     text, unit = _rewrite_text_blocks(text)
     if text.rstrip().endswith("\\"):
         text = _TRAILING_BACKSLASHES.sub("", text)
@@ -317,11 +252,9 @@ def normalize(answer: str) -> Answer:
     text = _REPEATED_COMMA.sub(",", _LIST_WORD.sub(",", text)).strip().rstrip(".").strip()
     if "\\approx" in text:
         text = _without_approximation(text)
-    trailing = _TRAILING_UNIT.search(text) or _TRAILING_NOUN.search(text)
-    if trailing and not unit and _is_unit_after_value(text, trailing):
-        unit = _canonical_unit(trailing.group(1), trailing.group(2) or "")
-        text = text[:trailing.start()]
-    text, unit = _read_degrees(text, unit)
+    if not unit:
+        text, unit = split_unit(text)
+    text, unit = read_degrees(text, unit)
     text = text.strip().rstrip(".,;:").strip()
     percent = text.endswith("%")
     text = text.rstrip("%").strip()
@@ -331,19 +264,14 @@ def normalize(answer: str) -> Answer:
     text = re.sub(r"\s+", "", text).replace("\x00", " ")
     for pattern, replacement in _SHORT_ARGS:
         text = pattern.sub(replacement, text)
-    return Answer(_BASE_SUBSCRIPT.sub(r"\1_\2", text).lstrip("="), unit, percent)
+    text = _WRITTEN_BASE.sub(lambda match: f"{match[1]}_{match[2] or match[3]}", text)
+    return Answer(text.lstrip("="), unit, percent)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Fast verdicts (no sympy; they decide most pairs of a training batch)
 
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?")
-# a number written as a decimal, maybe in scientific notation: 0.33, .5, 2.31e-3, 2.31\times10^{-3}
-_DECIMAL = re.compile(r"[+-]?(\d*)\.(\d+)(?:[eE]([+-]?\d{1,3})|\\times10\^(?:\{([+-]?\d{1,3})\}|(\d)))?")
 _DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")  # 1,000 never gets here: normalize() read it as 1000
-_PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}"
-                             r"|\(?([+-]?\d+)\)?/\(?([+-]?\d+)\)?)")
-_SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)\\times10\^(?:\{([+-]?\d{1,3})\}|(\d))")
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?(?:([aApP])[mM])?")
 _CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
 # A letter answer: the letter alone ("C", "(c)", "**C**"), or labelled and followed by its option's text
@@ -352,23 +280,8 @@ _CHOICE_ANSWER = re.compile(r"(?i:option|choice)?\**(?:\(([A-Ea-e])\)|([A-Ea-e])
                             r"|(?:\(([A-Ea-e])\)|([A-E])[:)])(?![-+*/^,;=])(.+)")
 _OTHER_CHOICE = re.compile(r"(?<![A-Za-z\\])\(?[A-E]\)?(?![A-Za-z])")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
+_TRUTH_WORDS = {"yes": "true", "no": "false"}
 _FUNCTION_NAME = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi")
-
-
-def plain_number(text: str) -> Fraction | None:
-    """The exact value of a number written plainly: 12, -.5, 3.2e5, 3\\times10^{5}, -\\frac{1}{2}, 1/-2."""
-    if _PLAIN_NUMBER.fullmatch(text):
-        return Fraction(text)
-    scientific = _SCIENTIFIC.fullmatch(text)
-    if scientific:
-        return Fraction(scientific.group(1)) * Fraction(10) ** int(scientific.group(2) or scientific.group(3))
-    fraction = _PLAIN_FRACTION.fullmatch(text)
-    if fraction:
-        sign, numerator, denominator = fraction.group(1), fraction.group(2) or fraction.group(4), \
-            fraction.group(3) or fraction.group(5)
-        if int(denominator) != 0:
-            return Fraction(int(numerator), int(denominator)) * (-1 if sign == "-" else 1)
-    return None
 
 
 def _read_decimal_commas(pred: str, ref: str) -> tuple[str, str]:
@@ -381,72 +294,8 @@ def _read_decimal_commas(pred: str, ref: str) -> tuple[str, str]:
     return pred, ref
 
 
-def terminates(value: Fraction) -> bool:
-    """Whether value has a finite decimal expansion (its denominator has no prime but 2 and 5)."""
-    denominator = value.denominator
-    for prime in (2, 5):
-        while denominator % prime == 0:
-            denominator //= prime
-    return denominator == 1
-
-
-def round_half_away(value, places: int) -> Fraction:
-    """value rounded to `places` decimals, halves away from zero (how references round)."""
-    scaled = abs(Fraction(value)) * Fraction(10) ** places
-    rounded = int(scaled + Fraction(1, 2)) / Fraction(10) ** places
-    return rounded if value >= 0 else -rounded
-
-
-def stated_places(number: str) -> int | None:
-    """Decimal places of a number written as a decimal (0.33 -> 2, 2.31e-3 -> 5): the precision it states."""
-    decimal = _DECIMAL.fullmatch(number)
-    return len(decimal[2]) - int(decimal[3] or decimal[4] or decimal[5] or 0) if decimal else None
-
-
-def significant_digits(number: str) -> int:
-    """Significant digits of a number written as a decimal (0.0833 -> 3, 2.3148e-3 -> 5); 0 for others."""
-    decimal = _DECIMAL.fullmatch(number)
-    return len((decimal[1] + decimal[2]).lstrip("0")) if decimal else 0
-
-
-# A decimal prediction of an exact reference (1/3, \sqrt{2}, 8/3) is that value written out when it carries
-# this many places, and as many significant digits, correctly rounded (0.3333, 1.4142, 2.6667; not 0.33, 13.29
-# or 0.0833), or cut (0.666666).
-MIN_PLACES_ROUNDED, MIN_PLACES_CUT = 4, 6
-
-
-def decimal_matches(decimal: str, exact_value, truncation_too: bool = False) -> bool:
-    """Whether `decimal` is exact_value (a Fraction or a sympy number) rounded, halves away from zero, to
-    the decimal's places (or, with truncation_too, cut there)."""
-    places = stated_places(decimal)
-    if places is None:
-        return False
-    if not isinstance(exact_value, Fraction):
-        exact_value = Fraction(str(sympy.N(exact_value, places + 30)))
-    written = plain_number(decimal)
-    scale = Fraction(10) ** places
-    cut = int(abs(exact_value) * scale) / scale * (1 if exact_value >= 0 else -1)
-    return round_half_away(exact_value, places) == written or (truncation_too and cut == written)
-
-
-def _precision_matches(pred: str, pred_value, ref: str, ref_value) -> bool:
-    """The two precision rules: a reference written as a decimal states its precision (an exact
-    prediction such as 1/3, \\sqrt{2}, \\pi matches when it rounds to the reference); a decimal prediction
-    with enough places (MIN_PLACES_ROUNDED, MIN_PLACES_CUT) matches the exact reference it rounds or cuts."""
-    def exact(text, value):
-        terminating = isinstance(value, Fraction) and terminates(value)
-        return stated_places(text) is None and not terminating
-    if stated_places(ref) is not None and exact(pred, pred_value):
-        return decimal_matches(ref, pred_value)
-    places = stated_places(pred)
-    if places is None or min(places, significant_digits(pred)) < MIN_PLACES_ROUNDED \
-            or not exact(ref, ref_value):
-        return False
-    return decimal_matches(pred, ref_value, truncation_too=places >= MIN_PLACES_CUT)
-
-
-def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: Fraction) -> bool:
-    """Percent policy and stated precision on two exact numbers (see docs/reward.md)."""
+def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: Fraction, rel_tol: float = 0.0) -> bool:
+    """Percent policy, stated precision and the benchmark's tolerance on two exact numbers (see docs/reward.md)."""
     if pred.percent == ref.percent:
         pred_values, ref_values = [pred_value], [ref_value]
     else:  # the side with a % may be meant with or without it, or as its fraction of 1
@@ -454,7 +303,10 @@ def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: F
         ref_values = [ref_value, ref_value / 100] if ref.percent else [ref_value]
     if any(p == r for p in pred_values for r in ref_values):
         return True
-    return _precision_matches(pred.text, pred_value, ref.text, ref_value)
+    if rel_tol and not _INTEGER.fullmatch(ref.text) \
+            and any(abs(p - r) <= Fraction(rel_tol) * abs(r) for p in pred_values for r in ref_values):
+        return True
+    return precision_matches(pred.text, pred_value, ref.text, ref_value)
 
 
 def surely_equal(a: str, b: str) -> bool:
@@ -467,8 +319,9 @@ def surely_equal(a: str, b: str) -> bool:
         return False
 
 
-def fast_verdict(prediction: str, reference: str) -> bool | None:
-    """True / False when cheap exact rules decide; None when sympy must."""
+def fast_verdict(prediction: str, reference: str, rel_tol: float = 0.0) -> bool | None:
+    """True / False when cheap exact rules decide; None when sympy must. rel_tol: the benchmark's relative
+    tolerance on numbers (0: exact; see _within_tolerance)."""
     if len(prediction) > MAX_ANSWER_CHARS or len(reference) > MAX_ANSWER_CHARS:
         return prediction.strip() == reference.strip()
     pred, ref = normalize(prediction), normalize(reference)
@@ -489,14 +342,15 @@ def fast_verdict(prediction: str, reference: str) -> bool | None:
     choice = _CHOICE.fullmatch(ref_text)
     if choice:
         return _choice_of(pred_text) == (choice.group(1) or choice.group(2)).upper()
-    if _is_words(ref_text) or _is_words(pred_text):
-        return pred_text.lower() == ref_text.lower()
+    if _is_words(ref_text) or _is_words(pred_text):  # yes is true and no is false (TheoremQA's utils.py)
+        return _TRUTH_WORDS.get(pred_text.lower(), pred_text.lower()) == _TRUTH_WORDS.get(ref_text.lower(),
+                                                                                          ref_text.lower())
     pred_text, ref_text = _read_decimal_commas(pred_text, ref_text)
     pred_value, ref_value = plain_number(pred_text), plain_number(ref_text)
     if pred_value is None or ref_value is None:
         return None
     return _numbers_agree(Answer(pred_text, pred.unit, pred.percent), pred_value,
-                          Answer(ref_text, ref.unit, ref.percent), ref_value)
+                          Answer(ref_text, ref.unit, ref.percent), ref_value, rel_tol)
 
 
 def _choice_of(text: str) -> str | None:
@@ -663,17 +517,18 @@ def answers_equal(a, b) -> bool:
 
 
 def _numbers_at_precision(pred: str, pred_value, ref: str, ref_value) -> bool:
-    """_precision_matches for parsed values: real numbers only."""
+    """precision_matches for parsed values: real numbers only."""
     def as_number(value):
         if isinstance(value, sympy.Rational):
             return Fraction(int(value.p), int(value.q))
         return value if isinstance(value, sympy.Expr) and value.is_number and value.is_real else None
     pred_number, ref_number = as_number(pred_value), as_number(ref_value)
     return pred_number is not None and ref_number is not None \
-        and _precision_matches(pred, pred_number, ref, ref_number)
+        and precision_matches(pred, pred_number, ref, ref_number)
 
 
-_NAME_LIKE = re.compile(r"(?:[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?'?|\\[a-zA-Z]+|[(),:;|]"
+_NAME_SUBSCRIPT = r"(?:_(?:\{[\\A-Za-z0-9]+\}|\\[a-zA-Z]+|[A-Za-z0-9]+))?'*"  # v_{\max}, k_B, \omega_0, v'
+_NAME_LIKE = re.compile(rf"(?:[A-Za-z]{_NAME_SUBSCRIPT}|\\[a-zA-Z]+{_NAME_SUBSCRIPT}|[(),:;|]"
                         r"|\\frac\{[A-Za-z]+\}\{[A-Za-z]+\})+")
 
 
@@ -708,7 +563,7 @@ def _definition_list(text: str, separators: set[str]) -> tuple[str, str] | None:
     return ",".join(name for name, _ in definitions), ",".join(value for _, value in definitions)
 
 
-def _compare_defined_values(pred: Answer, ref: Answer) -> bool:
+def _compare_defined_values(pred: Answer, ref: Answer, rel_tol: float = 0.0) -> bool:
     """x = 5 against 5: the value is the answer; two definitions of the same name compare values."""
     pred_defined, ref_defined = _defined_values(pred.text), _defined_values(ref.text)
     if pred_defined and ref_defined:
@@ -724,11 +579,12 @@ def _compare_defined_values(pred: Answer, ref: Answer) -> bool:
         ref = Answer(ref_defined[1], ref.unit, ref.percent)
     else:
         return False
-    return _compare(pred, ref)
+    return _compare(pred, ref, rel_tol)
 
 
-def _compare(pred: Answer, ref: Answer) -> bool:
-    """Two normalised answers by sympy: values, then the percent and precision policies."""
+def _compare(pred: Answer, ref: Answer, rel_tol: float = 0.0) -> bool:
+    """Two normalised answers by sympy: values, then the percent and precision policies, then the benchmark's
+    tolerance (rel_tol > 0)."""
     pred_value, ref_value = parse_answer(pred.text), parse_answer(ref.text)
     if answers_equal(pred_value, ref_value):
         return True
@@ -737,22 +593,73 @@ def _compare(pred: Answer, ref: Answer) -> bool:
             return True
         if ref.percent and isinstance(ref_value, sympy.Expr) and answers_equal(pred_value, ref_value / 100):
             return True
+    if rel_tol and _within_tolerance(pred_value, ref_value, ref.text, rel_tol):
+        return True
     return _numbers_at_precision(pred.text, pred_value, ref.text, ref_value)
 
 
-def equivalent(prediction: str, reference: str) -> bool:
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _compare_symbol_as_name(pred: Answer, ref: Answer) -> bool:
+    """A unit symbol on one side only may be a name on the other: "0.6400 N" against "0.64N" (OlympiadBench's
+    eval/scoring_examples.json: equal)."""
+    if is_unit_symbol(pred.unit) == is_unit_symbol(ref.unit) or not (pred.unit or ref.unit) \
+            or (pred.unit and ref.unit):
+        return False
+    pred = Answer(f"{pred.text}{pred.unit}", "", pred.percent) if pred.unit else pred
+    ref = Answer(f"{ref.text}{ref.unit}", "", ref.percent) if ref.unit else ref
+    return bool(re.search(r"[A-Za-z]", pred.text + ref.text)) and _compare(pred, ref)
+
+
+def _real_numbers(value) -> list | None:
+    """The real numbers an answer lists (itself, a tuple's or a list's items, a closed interval's two ends), or
+    None when it is anything else."""
+    if isinstance(value, sympy.Interval) and not (value.left_open or value.right_open):
+        value = [value.start, value.end]
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(item, sympy.Expr) and item.is_number and item.is_real for item in items):
+        return None
+    return items
+
+
+def _within_tolerance(pred_value, ref_value, ref_text: str, rel_tol: float) -> bool:
+    """The benchmark-level tolerance (docs/reward.md): each number within rel_tol of the reference's,
+    |p - r| <= rel_tol |r|, as TheoremQA's grader allows (number_utils.py within_eps); a list item by item in
+    sorted order (its compare_two_list), a tuple in its order. A reference number written as an integer stays
+    exact: a count is not rounded."""
+    pred_numbers, ref_numbers = _real_numbers(pred_value), _real_numbers(ref_value)
+    if not pred_numbers or not ref_numbers or len(pred_numbers) != len(ref_numbers):
+        return False
+    texts = split_top(tokenize(ref_text[1:-1] if ref_text[:1] in "([" and len(ref_numbers) > 1 else ref_text), {","})
+    exact = ["".join(text) for text in texts] if len(texts) == len(ref_numbers) else [""] * len(ref_numbers)
+    pairs = list(zip(pred_numbers, ref_numbers, exact))
+    if isinstance(ref_value, list) and isinstance(pred_value, list):  # unordered: compare in sorted order
+        order = [sorted(numbers, key=lambda number: float(sympy.N(number))) for numbers in (pred_numbers, ref_numbers)]
+        pairs = [(p, r, "") for p, r in zip(*order)]
+    for pred_number, ref_number, ref_item in pairs:
+        if _INTEGER.fullmatch(ref_item) or (ref_item == "" and ref_number.is_Integer and "." not in ref_text):
+            if sympy.simplify(pred_number - ref_number) != 0:
+                return False
+        elif abs(float(sympy.N(pred_number - ref_number, 30))) > rel_tol * abs(float(sympy.N(ref_number, 30))):
+            return False
+    return True
+
+
+def equivalent(prediction: str, reference: str, rel_tol: float = 0.0) -> bool:
     """Whether two final answers are the same; never raises, but unbounded in time: callers run it in a
-    worker (see reward.RewardPool)."""
+    worker (see reward.RewardPool). rel_tol: a benchmark's relative tolerance on numbers (0, the default and
+    the training reward: exact; docs/reward.md)."""
     try:
-        verdict = fast_verdict(prediction, reference)
+        verdict = fast_verdict(prediction, reference, rel_tol)
         if verdict is not None:
             return verdict
         pred, ref = normalize(prediction), normalize(reference)
         try:
-            if _compare(pred, ref):
+            if _compare(pred, ref, rel_tol):
                 return True
         except Reject:
             pass  # "(p,q) = (3,2)" does not parse as a whole; its value may
-        return _compare_defined_values(pred, ref)
+        return _compare_defined_values(pred, ref, rel_tol) or _compare_symbol_as_name(pred, ref)
     except Exception:  # sympy raises many kinds on odd input; any of them means "not shown equal"
         return False

@@ -130,9 +130,10 @@ _CLOSERS = {")", "]", "}", "\\}"}
 _RELATIONS = {"=": "==", "<": "<", ">": ">", "\\leq": "<=", "\\geq": ">=", "\\neq": "!="}
 CONSTANTS = {"\\pi": sympy.pi, "\\infty": sympy.oo, "\\emptyset": sympy.S.EmptySet,
               "\\varnothing": sympy.S.EmptySet}
-_GREEK = {"\\" + name for name in (
+# commands that are names: Greek letters, and physics' \\hbar (h / 2 pi) and \\ell (a length)
+_NAME_COMMANDS = {"\\" + name for name in (
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
-    "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega").split()}
+    "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega hbar ell").split()}
 _FUNCTIONS = {
     "\\sin": sympy.sin, "\\cos": sympy.cos, "\\tan": sympy.tan, "\\cot": sympy.cot, "\\sec": sympy.sec,
     "\\csc": sympy.csc, "\\arcsin": sympy.asin, "\\arccos": sympy.acos, "\\arctan": sympy.atan,
@@ -310,7 +311,7 @@ class _Parser:
             return True
         if token == "|":
             return self.abs_depth == 0
-        return token in CONSTANTS or token in _GREEK or token in _FUNCTIONS or token.startswith("\\begin") \
+        return token in CONSTANTS or token in _NAME_COMMANDS or token in _FUNCTIONS or token.startswith("\\begin") \
             or token in ("\\frac", "\\binom", "\\lfloor", "\\lceil", "\\mathbb")
 
     def group(self, closer: str = "}"):
@@ -383,22 +384,38 @@ class _Parser:
         return value
 
     def letter(self, letter: str, single: bool):
+        if single or self.peek() not in ("_", "'"):
+            constant = {"e": sympy.E, "i": sympy.I}.get(letter)
+            if constant is not None:
+                return constant
+        return self.name(letter, single)
+
+    def name(self, name: str, single: bool = False) -> sympy.Symbol:
+        """A name with what completes it: a subscript, read as part of the name and not computed (v_{\\max},
+        k_B = k_{B}, \\omega_0, T_{s}), and primes (v')."""
         if not single and self.peek() == "_":
             self.take()
-            if self.peek() == "{":
-                start = self.position
-                self.group()
-                subscript = "".join(self.tokens[start + 1:self.position - 1])
-            else:
-                subscript = self.take()
-            return sympy.Symbol(f"{letter}_{subscript}")
-        return {"e": sympy.E, "i": sympy.I}.get(letter) or sympy.Symbol(letter)
+            name += "_" + self.subscript()
+        while not single and self.peek() == "'":
+            name += self.take()
+        return sympy.Symbol(name)
+
+    def subscript(self) -> str:
+        """A subscript's text: one token or a {group}, its commands' backslashes dropped (v_{\\max} = v_max)."""
+        if self.peek() != "{":
+            return self.take().lstrip("\\")
+        start, depth = self.position, 0
+        while True:
+            token = self.take()
+            depth += (token == "{") - (token == "}")
+            if depth == 0:
+                return "".join(self.tokens[start + 1:self.position - 1]).replace("\\", "")
 
     def command(self, name: str):
         if name in CONSTANTS:
             return CONSTANTS[name]
-        if name in _GREEK:
-            return sympy.Symbol(name[1:])
+        if name in _NAME_COMMANDS:
+            return self.name(name[1:])
         if name == "\\frac":
             return self.argument() / self.argument()
         if name == "\\sqrt" and self.peek() == "[":
@@ -557,6 +574,8 @@ def _parse_item(tokens: list[str]):
             infinite = any(value in (sympy.oo, -sympy.oo) for value in values)
             if len(values) == 2 and (opener + closer != "()" or infinite):
                 if (values[0] > values[1]) is sympy.true:
+                    if opener + closer == "[]":
+                        return tuple(values)  # [0.333, 0.25]: a list of two numbers (TheoremQA writes lists so)
                     raise Reject("an interval from a larger number to a smaller one")  # [15,-29) is no set
                 return sympy.Interval(values[0], values[1], opener == "(", closer == ")")
             if opener + closer not in ("()", "[]"):

@@ -87,7 +87,8 @@ def _scorer(settings: dict):
     if settings["grader"] == "math-verify":
         logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": ours bounds it
         return math_verify_reward
-    return lambda candidates, reference: float(any(equivalent(c, reference) for c in candidates))
+    rel_tol = settings["rel_tol"]
+    return lambda candidates, reference: float(any(equivalent(c, reference, rel_tol) for c in candidates))
 
 
 class BadScore(ValueError):
@@ -209,7 +210,8 @@ class RewardPool:
     grader: "ours" (grading/grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
     or "math-verify" (pip install math-verify). reward_fn: "module:function" or "path/to/file.py:function",
     a function f(response, reference) -> float that replaces the grader (TRL's reward_funcs). require_boxed:
-    only \\boxed answers count (a format-strict reward).
+    only \\boxed answers count (a format-strict reward). rel_tol: our grader's relative tolerance on numbers,
+    a benchmark's published rule (0.0, exact, unless an evaluation asks; docs/reward.md).
 
     >>> with RewardPool(num_workers=2, timeout_s=5.0) as pool:
     ...     pool.score([("... so \\\\boxed{\\\\frac{1}{2}}", "0.5"), ("... so \\\\boxed{2}", "3")])
@@ -217,9 +219,11 @@ class RewardPool:
     """
 
     def __init__(self, num_workers: int | None = None, timeout_s: float = 5.0, grader: str = "ours",
-                 reward_fn: str = "", require_boxed: bool = False):
+                 reward_fn: str = "", require_boxed: bool = False, rel_tol: float = 0.0):
         if grader not in GRADERS:
             raise ValueError(f"grader must be one of {GRADERS}, not {grader!r}")
+        if not (math.isfinite(rel_tol) and 0.0 <= rel_tol < 1.0):
+            raise ValueError(f"rel_tol must be a relative tolerance in [0, 1) (TheoremQA's is 0.04), not {rel_tol!r}")
         if grader == "math-verify" and not reward_fn and importlib.util.find_spec("math_verify") is None:
             raise ValueError("--grader math-verify needs the math-verify package: pip install math-verify")
         if reward_fn:
@@ -229,9 +233,10 @@ class RewardPool:
                 reward_fn = f"{Path(path).resolve()}:{name}"
         self.num_workers = num_workers or min(8, os.cpu_count() or 1)
         self.timeout_s = timeout_s
-        self.grader, self.reward_fn, self.require_boxed = grader, reward_fn, require_boxed
+        self.grader, self.reward_fn, self.require_boxed, self.rel_tol = grader, reward_fn, require_boxed, rel_tol
         # the workers import a user's module from wherever this process can
-        self._command = _worker_command({"grader": grader, "reward_fn": reward_fn, "sys_path": sys.path})
+        self._command = _worker_command({"grader": grader, "reward_fn": reward_fn, "rel_tol": rel_tol,
+                                         "sys_path": sys.path})
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
@@ -266,7 +271,7 @@ class RewardPool:
         scores = [0.0] * len(jobs)
         hard = []
         for index, (candidates, reference) in enumerate(jobs):
-            fast = [_safe_fast_verdict(candidate, reference) for candidate in candidates]
+            fast = [_safe_fast_verdict(candidate, reference, self.rel_tol) for candidate in candidates]
             if True in fast:
                 scores[index] = 1.0
             elif None in fast:
@@ -387,9 +392,9 @@ def _close_live_pools() -> None:
         pool.close()
 
 
-def _safe_fast_verdict(prediction: str, reference: str) -> bool | None:
+def _safe_fast_verdict(prediction: str, reference: str, rel_tol: float = 0.0) -> bool | None:
     try:
-        return fast_verdict(prediction, reference)
+        return fast_verdict(prediction, reference, rel_tol)
     except Exception:  # let the worker (where every failure means False) decide
         return None
 

@@ -61,7 +61,7 @@ def test_summary_holds_bootstrap_intervals_over_problems():
     assert set(summary["ci95"]) == {"mean@4", "pass@1", "pass@2", "pass@4"}
 
 
-def score(pairs, kind):
+def score(pairs, kind, name):
     reward = choice_reward if kind == "choice" else math_reward
     return [reward(response, answer) for response, answer in pairs]
 
@@ -224,7 +224,7 @@ def sampled_eval(tiny_sampler, out: Path, batch_size: int, resume: bool = False)
     here); returns {(problem, sample): response} from samples.jsonl."""
     generate_fn, benchmarks = tiny_sampler
     E.evaluate(benchmarks, generate_fn, n=3, out_dir=out, batch_size=batch_size, seed=5, resume=resume,
-               score_fn=lambda pairs, kind: [len(text) % 2 for text, _ in pairs], progress=False)
+               score_fn=lambda pairs, kind, name: [len(text) % 2 for text, _ in pairs], progress=False)
     lines = (out / "samples.jsonl").read_text().splitlines()
     return {(s["problem_id"], s["sample"]): s["response"] for s in map(json.loads, lines)}
 
