@@ -5,7 +5,7 @@ a profiler that notes every function of the repo it enters. A function counts wi
 docstring and comments too: a reader reads them); the lines of each file are counted once. Three figures:
 
 - all: every file of the repo the step enters;
-- core: without the grader's internals (grading/), diagnostics (research/) and run-keeping's logging
+- core: without the grader's internals (grading/), diagnostics (research/, runtime/diagnostics.py) and logging
   (runtime/tracking.py);
 - spine: the method's top-level files alone, without train.py's run-keeping around the step loop.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import train
 from benchmarks.common import ROOT, emit
 
-CORE_EXCLUDED = ("grading/", "research/", "runtime/tracking.py")
+CORE_EXCLUDED = ("grading/", "research/", "runtime/diagnostics.py", "runtime/tracking.py")
 # train.py functions the step calls that keep the run rather than compute the step
 TRAIN_RUN_KEEPING = ("after_step", "log_step", "check_scored", "save_checkpoint", "say")
 
