@@ -123,6 +123,9 @@ class Config:
     clip_high: float = option(0.2, "PPO clip: ratio ceiling is 1 + clip_high (raise it for clip-higher)")
     dual_clip: float = option(3.0, "dual clip for negative advantages: the loss is at most -c * A (0 = off)")
     kl_coef: float = option(0.01, "coefficient of the k3 KL to the reference model (0 = no reference model)")
+    entropy_coef: float = option(0.0, "entropy bonus: the loss minus this x the mean entropy of the policy at each "
+                                 "response token (its gradient through the chunked log-prob pass), as verl's "
+                                 "entropy_coeff and TRL's; 0 = off, as in the released runs")
     old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded inputs; "
                            "rollout = the sampler's own", ("replay", "rollout"))
     rollout_is: str = option("none", "correct the sampler-vs-policy mismatch (docs/algorithm.md, 'The sampler is "
@@ -345,7 +348,7 @@ RANGES = {
     "mix_rate": _FRACTION, "mix_entropy_threshold": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
     "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
     "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
-    "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "entropy_coef": _AT_LEAST_0, "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "reward_fail_steps": (lambda v: v >= 0, "must be >= 0 (0 = never stop)"),
     "adv_eps": (lambda v: v > 0, "must be > 0: it keeps a group whose rewards are all equal from dividing by "
                 "zero (a negative one flips the advantages' sign)"),

@@ -146,6 +146,7 @@ class LossSettings:
     clip_high: float = 0.2
     dual_clip: float = 3.0  # for A < 0 a token's loss is at most -dual_clip * A (0: off)
     kl_coef: float = 0.01  # the k3 KL to the reference model, added to the loss
+    entropy_coef: float = 0.0  # the entropy bonus: this x the aggregated per-token entropy, subtracted from the loss
     loss_agg: str = "token-mean"  # how token losses become one number (`aggregate`)
     loss_agg_rows: int = 1  # token-mean-per-rows: rows per run
     max_new_tokens: int = 8192  # seq-mean-token-sum-norm's divisor
@@ -157,8 +158,9 @@ class LossSettings:
 
 
 def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref_logp=None, normalizer=None,
-                run_tokens=None, is_weights=None):
-    """Clipped policy-gradient loss (+ kl_coef * k3 KL) aggregated over the tokens of `mask` as
+                run_tokens=None, is_weights=None, entropy=None):
+    """Clipped policy-gradient loss (+ kl_coef * k3 KL, - entropy_coef * the entropy) aggregated over the tokens of
+    `mask` as
     settings.loss_agg says, divided by normalizer (default: this batch's token count for token-mean, else its
     count of rows with a token; pass the whole mini-batch's count when this is one micro-batch).
 
@@ -211,6 +213,10 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
         kl = total(k3_kl(logp, ref_logp))
         loss = loss + cfg.kl_coef * kl
         metrics["kl"] = kl.detach()
+    if cfg.entropy_coef > 0:  # entropy [B, T] with its gradient (replay.sequence_logprobs): higher entropy, lower loss
+        bonus = total(entropy)
+        loss = loss - cfg.entropy_coef * bonus
+        metrics["entropy_bonus"] = bonus.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics
 
@@ -536,7 +542,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
                                         settings=LossSettings.of(cfg), normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
-                                        run_tokens[index].to(device), is_weights=is_weights)
+                                        run_tokens[index].to(device), is_weights=is_weights, entropy=entropy)
         if real and not torch.isfinite(loss):
             finite = False
             if not world.distributed:

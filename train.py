@@ -49,7 +49,7 @@ from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
 from runtime import checkpoint, distributed, guard, plan
 from runtime.checkpoint import checkpoint_dirs
-from runtime.diagnostics import group_diversity, mixture_closeness
+from runtime.diagnostics import LearningSignal, group_diversity, mixture_closeness
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start
 
@@ -214,6 +214,7 @@ class Watch:
 
     failed_in_a_row: int = 0  # steps whose every mini-batch was skipped (non-finite loss or gradient)
     scoreless_in_a_row: int = 0  # steps where no answer could be scored
+    signal: LearningSignal = field(default_factory=LearningSignal)  # steps that can teach nothing, in a row
 
 
 def after_step(r: Run, watch: Watch, step: int, max_steps: int, groups: Groups, metrics: dict, interrupt,
@@ -229,6 +230,9 @@ def after_step(r: Run, watch: Watch, step: int, max_steps: int, groups: Groups, 
         metrics.update(validate(r, step))
         keep_if_best(r, step, metrics)
     metrics["step_s"] = time.perf_counter() - step_start
+    if warning := watch.signal.observe(metrics):  # once per cause: the line, metrics.jsonl, summary.json
+        metrics["warning"] = warning
+        r.summary.setdefault("warnings", []).append(f"step {step}: {warning}")
     if r.world.is_main:
         log_step(r, metrics, groups)
     watch.failed_in_a_row = watch.failed_in_a_row + 1 if failed else 0
@@ -394,6 +398,8 @@ def log_step(r: Run, metrics: dict, groups: Groups) -> None:
         raise guard.Refused(f"cannot write {metrics_path}: {guard.reason(error, metrics_path)}") from None
     r.tracker.log(metrics, metrics["step"])
     tqdm.write(step_line(metrics), file=sys.stdout)
+    if "warning" in metrics:
+        tqdm.write(f"warning: step {metrics['step']}: {metrics['warning']}", file=sys.stderr)
     if metrics["skipped_minibatches"]:
         tqdm.write(f"warning: step {metrics['step']}: {metrics['skipped_minibatches']} mini-batch(es) skipped: "
                    f"non-finite loss or gradient (loss {metrics.get('loss', float('nan'))})", file=sys.stderr)

@@ -138,3 +138,38 @@ def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_w
             distance += float(((fed - own).norm(dim=-1) / own.norm(dim=-1).clamp_min(1e-12)).sum())
             cosine += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
     return distance / len(actions), cosine / len(actions)
+
+
+# ----------------------------------------------------------------------------- a run that learns nothing
+
+
+class LearningSignal:
+    """Watches a run's steps for the two ways a step teaches nothing, and says so once per cause, after STEPS steps
+    in a row (one step can be bad luck): almost every group's rewards equal (its advantages are all 0: GRPO has
+    nothing to compare), or almost every response cut at --max-new-tokens (it scores 0 whatever it was going to
+    say). TRL users meet both silently (huggingface/trl#5697, #6263)."""
+
+    STEPS = 3
+    CAUSES = {  # metric -> (the share that counts, what is wrong and what helps)
+        "zero_variance_groups": (0.95, "{share:.0%} of the groups had all-equal rewards for {n} steps in a row: their "
+                                 "advantages are 0 and the update learns nothing from them (prompts nearer the "
+                                 "model's level, a larger --group-size, a higher --temperature, or --filter-groups all "
+                                 "with --refill)"),
+        "truncated_frac": (0.9, "{share:.0%} of the responses ran to --max-new-tokens for {n} steps in a row: a cut "
+                           "response scores 0 whatever it would have answered (a larger --max-new-tokens, or "
+                           "--mask-truncated to leave them out of the loss)"),
+    }
+
+    def __init__(self):
+        self.in_a_row = dict.fromkeys(self.CAUSES, 0)
+        self.said: set[str] = set()
+
+    def observe(self, metrics: dict) -> str | None:
+        """The warning this step brings (None most steps)."""
+        warnings = []
+        for key, (threshold, message) in self.CAUSES.items():
+            self.in_a_row[key] = self.in_a_row[key] + 1 if metrics.get(key, 0.0) >= threshold else 0
+            if self.in_a_row[key] >= self.STEPS and key not in self.said:
+                self.said.add(key)
+                warnings.append(message.format(share=metrics[key], n=self.STEPS))
+        return "; ".join(warnings) or None
