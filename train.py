@@ -49,7 +49,7 @@ from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
 from runtime import checkpoint, distributed, guard, plan
 from runtime.checkpoint import checkpoint_dirs
-from runtime.diagnostics import LearningSignal, group_diversity, mixture_closeness
+from runtime.diagnostics import Watch, group_diversity, mixture_closeness
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start
 
@@ -90,6 +90,7 @@ class Run:
     tracker: Tracker | None = None  # --report-to (rank 0 only)
     summary: dict = field(default_factory=dict)
     metrics_path: Path | None = None  # OUT/metrics.jsonl on rank 0 (None elsewhere), set when the run begins
+    watch: Watch = field(default_factory=Watch)
 
     def refresh_sampler(self) -> None:
         if self.sampler is not self.policy:
@@ -153,7 +154,6 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
     algorithm, rollouts -> rewards -> update -> metrics; everything else a step does (evaluations, the log,
     checkpoints, stopping on a signal or on failures) is `after_step`'s."""
     r, start_step, max_steps = begin(cfg, world)
-    watch = Watch()
     with guard.StopOnSignals() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
                          file=sys.stderr, disable=None if world.is_main else True):
@@ -165,7 +165,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
             update_start = time.perf_counter()
             result, skipped = train_on(r, groups, step, max_steps)  # advantages -> clipped mini-batch steps
             metrics = step_metrics(r, step + 1, groups, result, skipped, time.perf_counter() - update_start)
-            after_step(r, watch, step + 1, max_steps, groups, metrics, interrupt, step_start,
+            after_step(r, step + 1, max_steps, groups, metrics, interrupt, step_start,
                        failed=bool(skipped and not result))
     if max_steps > start_step:
         checkpoint.save_checkpoint(r, max_steps)
@@ -208,22 +208,13 @@ def train_on(r: Run, groups: Groups, step: int, max_steps: int) -> tuple[dict, i
     return result, skipped
 
 
-@dataclass
-class Watch:
-    """What after_step counts from step to step to stop a run that has gone wrong."""
-
-    failed_in_a_row: int = 0  # steps whose every mini-batch was skipped (non-finite loss or gradient)
-    scoreless_in_a_row: int = 0  # steps where no answer could be scored
-    signal: LearningSignal = field(default_factory=LearningSignal)  # steps that can teach nothing, in a row
-
-
-def after_step(r: Run, watch: Watch, step: int, max_steps: int, groups: Groups, metrics: dict, interrupt,
+def after_step(r: Run, step: int, max_steps: int, groups: Groups, metrics: dict, interrupt,
                step_start: float, *, failed: bool) -> None:
     """The bookkeeping of step `step` (1-based) once its metrics are known: held-out accuracy and validation
     when due (and the best checkpoint kept), the log line and metrics.jsonl, the failure counters (failed: every
     mini-batch of the update was skipped), a signal (every rank stops after the same step, with a checkpoint) and
     the periodic checkpoint."""
-    cfg = r.cfg
+    cfg, watch = r.cfg, r.watch
     if r.held_out and cfg.eval_every and step % cfg.eval_every == 0:
         metrics["held_out_accuracy"] = r.held_out_accuracy()
     if r.val_sets and ((cfg.val_every and step % cfg.val_every == 0) or step == max_steps):
@@ -440,7 +431,8 @@ def validate(r: Run, step: int) -> dict:
                                   seed=cfg.seed, score_fn=lambda pairs, kind, name: r.pool.score(pairs, kind=kind),
                                   progress=False, world=r.world,
                                   scored_by={"grader": cfg.grader, "reward": cfg.reward,
-                                             "require_boxed": cfg.require_boxed, "rel_tol": cfg.rel_tol})
+                                             "require_boxed": cfg.require_boxed,
+                                             "rel_tol": {name: cfg.rel_tol for name, _, _ in r.val_sets}})
     return {f"val/{name}/{key}": value for name, row in results.items() for key, value in row.items()
             if key.startswith(("mean@", "pass@"))}
 
@@ -760,6 +752,7 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
     r.batcher.load_state_dict(state["batcher"])
     torch.set_rng_state(state["torch_rng"].cpu())
     random.setstate(state["python_rng"])
+    r.watch = state.get("watch", r.watch)
     if r.world.is_main:  # what the run's first start found (held-out accuracy before RL, the warm start) stays;
         earlier = read_summary(r.out_dir)  # what an earlier end found is found again at this run's end
         r.summary = {**{k: v for k, v in earlier.items() if k not in END_OF_RUN}, **r.summary}

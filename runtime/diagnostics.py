@@ -9,6 +9,7 @@ research/analysis.py runs the same measures over evaluated runs.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -173,3 +174,13 @@ class LearningSignal:
                 self.said.add(key)
                 warnings.append(message.format(share=metrics[key], n=self.STEPS))
         return "; ".join(warnings) or None
+
+
+@dataclass
+class Watch:
+    """What train.py's after_step counts from step to step to stop a run that has gone wrong (kept in
+    checkpoints: a resumed run warns and stops where an uninterrupted one would)."""
+
+    failed_in_a_row: int = 0  # steps whose every mini-batch was skipped (non-finite loss or gradient)
+    scoreless_in_a_row: int = 0  # steps where no answer could be scored
+    signal: LearningSignal = field(default_factory=LearningSignal)  # steps that can teach nothing, in a row

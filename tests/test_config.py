@@ -81,8 +81,9 @@ def test_resolved_config_round_trips_through_json(tmp_path):
     cfg = parse_config(["--preset", "paper-7b", "--lr", "3e-6", "--kl-coef", "0", "--top-k", "20"])
     cfg.save_json(tmp_path / "run" / "config.json")
     assert Config.load_json(tmp_path / "run" / "config.json") == cfg
-    again = parse_config(["--config", str(tmp_path / "run" / "config.json"), "--seed", "5"])
-    assert again == dataclasses.replace(cfg, seed=5)
+    again = parse_config(["--config", str(tmp_path / "run" / "config.json"), "--seed", "5",
+                          "--out-dir", str(tmp_path / "again")])
+    assert again == dataclasses.replace(cfg, seed=5, out_dir=str(tmp_path / "again"), preset="")  # a new run of its own
 
 
 def test_unknown_json_keys_are_named(tmp_path):

@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -286,14 +288,26 @@ def torchrun(tmp_path, *args) -> tuple[subprocess.CompletedProcess, float]:
     return done, time.perf_counter() - start
 
 
-def test_a_failing_rank_stops_the_job_with_its_message(tmp_path):
-    done, _ = torchrun(tmp_path, "600", "raise")  # rank 0 waits in a barrier rank 1 never reaches
+@pytest.fixture(scope="module")
+def broken_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
+    """The two torchrun jobs with a broken rank 1, each in a folder of its own, started at once (threads only
+    wait on them; --standalone gives each job its own rendezvous port): a rank that raises, with rank 0 waiting
+    in a barrier it never reaches (timeout 600 s), and a rank that hangs, under a 3 s collective timeout. Each
+    job spends most of its time starting its processes or waiting."""
+    jobs = {"raise": ("600", "raise"), "hang": ("3", "hang")}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {name: pool.submit(torchrun, tmp_path_factory.mktemp(name), *args) for name, args in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_a_failing_rank_stops_the_job_with_its_message(broken_jobs):
+    done, _ = broken_jobs["raise"]  # rank 0 waits in a barrier rank 1 never reaches
     assert done.returncode != 0
     assert "ValueError: rank 1 could not read its shard" in done.stderr
 
 
-def test_a_hung_rank_stops_the_job_after_the_collective_timeout(tmp_path):
-    done, seconds = torchrun(tmp_path, "3", "hang")
+def test_a_hung_rank_stops_the_job_after_the_collective_timeout(broken_jobs):
+    done, seconds = broken_jobs["hang"]
     assert done.returncode != 0
     assert "Timed out" in done.stderr
     assert seconds < 60  # the hung rank sleeps 120 s: the timeout, not the sleep, ended the job
@@ -305,13 +319,18 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
     benchmark.write_text("".join(json.dumps(p) + "\n" for p in problems))
     flags = ["--model", "tiny", "--benchmarks", str(benchmark), "--n", "4", "--max-new-tokens", "12",
              "--batch-size", "5", "--device", "cpu", "--explore", "neighbor", "--mix-rate", "0.5"]
-    run = lambda *command: subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                          capture_output=True, text=True, timeout=120)
-    with torch_threads(1):  # the reference: eval.py in this process
-        E.main([*flags, "--out-dir", str(tmp_path / "one")])
     # `--` ends torchrun's options: without it torchrun reads eval.py's --n as an abbreviation of its own.
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
-    two = run(*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two"))
+    # The 2-process job starts first and the reference runs while it starts (the two write different folders).
+    process = subprocess.Popen([*launch, "eval.py", *flags, "--out-dir", str(tmp_path / "two")], cwd=ROOT,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        with torch_threads(1):  # the reference: eval.py in this process
+            E.main([*flags, "--out-dir", str(tmp_path / "one")])
+    finally:
+        stdout, stderr = process.communicate(timeout=120)
+    two = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert two.returncode == 0, two.stderr
     for name in ("results.json", "samples.jsonl"):
         assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text()
@@ -365,16 +384,47 @@ def train_here(out: Path, explore: str, steps: int, **overrides) -> None:
         exec(compile(TRAIN, "train-script", "exec"), {"__name__": "__main__"})
 
 
-def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False, **overrides):
-    """train.py's run under `torchrun --nproc-per-node processes` (Config fields `overrides` changed);
-    returns the finished process."""
+def start_train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False,
+                    **overrides) -> subprocess.Popen:
+    """train.py's run under `torchrun --nproc-per-node processes` (Config fields `overrides` changed), started;
+    finished_run waits for it."""
     script = out.parent / f"{out.name}-train.py"
     script.write_text(TRAIN)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-    done = subprocess.run([*launch, str(script), *script_args(out, explore, steps, resume, overrides)],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen([*launch, str(script), *script_args(out, explore, steps, resume, overrides)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def ended(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """The started run once it has ended."""
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def finished_run(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """The started run once it has ended, which must be with exit status 0."""
+    done = ended(process)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False, **overrides):
+    """train.py's run under `torchrun --nproc-per-node processes` (Config fields `overrides` changed);
+    returns the finished process."""
+    return finished_run(start_train_run(out, processes, explore, steps, resume, **overrides))
+
+
+@contextmanager
+def running(process: subprocess.Popen):
+    """Work done here while `process` runs (a one-process reference in another folder, on the core its start
+    leaves free); after a failure here the process is waited for before the failure goes on (none is left
+    behind)."""
+    try:
+        yield process
+    except BaseException:
+        process.communicate(timeout=300)
+        raise
 
 
 def outputs(out: Path, step: int) -> dict:
@@ -402,8 +452,9 @@ def assert_same_run(got: dict, expected: dict, steps: int):
 def neighbor_runs(tmp_path_factory) -> Path:
     """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and one plain process, 2 steps."""
     root = tmp_path_factory.mktemp("neighbor")
-    train_run(root / "two", 2, "neighbor", 4)
-    train_here(root / "one", "neighbor", 2)
+    with running(start_train_run(root / "two", 2, "neighbor", 4)) as two:
+        train_here(root / "one", "neighbor", 2)
+    finished_run(two)
     return root
 
 
@@ -422,8 +473,9 @@ def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(neighb
 
 
 def test_two_processes_train_like_one_without_exploration(tmp_path):
-    train_here(tmp_path / "one", "none", 2)
-    train_run(tmp_path / "two", 2, "none", 2)
+    with running(start_train_run(tmp_path / "two", 2, "none", 2)) as two:
+        train_here(tmp_path / "one", "none", 2)
+    finished_run(two)
     assert_same_run(outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2), steps=2)
 
 
@@ -437,15 +489,26 @@ def resumed_copy(neighbor_runs: Path, name: str) -> Path:
     return out
 
 
-def test_resume_under_two_processes_equals_the_straight_run(neighbor_runs):
-    out = resumed_copy(neighbor_runs, "resumed")
-    train_run(out, 2, "neighbor", 4, resume=True)
+@pytest.fixture(scope="module")
+def resumed_runs(neighbor_runs) -> dict[int, tuple[Path, subprocess.CompletedProcess]]:
+    """Processes -> (out-dir, finished run) of the 2-process run resumed from its step-2 checkpoint to step 4
+    under 2 processes and under 1, each in a copy of its own; the two jobs are started at once (the 1-process
+    one leaves a core free)."""
+    copies = {2: resumed_copy(neighbor_runs, "resumed"), 1: resumed_copy(neighbor_runs, "resumed-by-one")}
+    started = {processes: start_train_run(out, processes, "neighbor", 4, resume=True)
+               for processes, out in copies.items()}
+    return {processes: (copies[processes], ended(process)) for processes, process in started.items()}
+
+
+def test_resume_under_two_processes_equals_the_straight_run(neighbor_runs, resumed_runs):
+    out, done = resumed_runs[2]
+    assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(outputs(out, 4), outputs(neighbor_runs / "two", 4), steps=4)
 
 
-def test_resume_with_another_number_of_processes_completes_and_says_so(neighbor_runs):
-    out = resumed_copy(neighbor_runs, "resumed-by-one")
-    done = train_run(out, 1, "neighbor", 4, resume=True)
+def test_resume_with_another_number_of_processes_completes_and_says_so(neighbor_runs, resumed_runs):
+    out, done = resumed_runs[1]
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "written by 2 process(es), this run has 1" in done.stderr
     # Rollout calls are keyed by (seed, step, draw, call): the same work, in another reduction order.
     assert_same_run(outputs(out, 4), outputs(neighbor_runs / "two", 4), steps=4)

@@ -143,10 +143,25 @@ def run_cli(args, **kwargs):
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
 
 
+def run_clis_at_once(*commands) -> list[subprocess.CompletedProcess]:
+    """run_cli of each command, all started at once (each spends seconds importing torch on one core), then
+    each waited for: the same processes, arguments and environment as one after another."""
+    started = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for args in commands]
+    done = []
+    for process in started:
+        stdout, stderr = process.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return done
+
+
 def test_cli_errors_exit_non_zero_with_one_line(tmp_path):
-    bad = run_cli(["train.py", *TINY, "--group-size", "1"])
+    group_size, directory = run_clis_at_once(["train.py", *TINY, "--group-size", "1"],
+                                             ["train.py", *TINY, "--data", str(tmp_path), "--out-dir",
+                                              str(tmp_path / "run")])
+    bad = group_size
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--group-size 1: must be at least 2" in bad.stderr
-    bad = run_cli(["train.py", *TINY, "--data", str(tmp_path), "--out-dir", str(tmp_path / "run")])
+    bad = directory
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         f"error: cannot load --data {tmp_path}: {tmp_path} is a directory: pass one .jsonl / .json / .parquet file "
         "of problems"]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import torch_threads
 
 from reward import RewardPool
 
@@ -159,10 +160,21 @@ def test_a_manifest_written_before_block_digests_is_still_checked(tmp_path):
     assert damage(tmp_path) == "optimizer.pt is not what was written (its SHA-256 differs)"
 
 
+def train_here(args: list[str]) -> None:
+    """`python train.py ARGS` as run_cli runs it, in this process: train.main is what the script runs, and one
+    thread is what OMP_NUM_THREADS=1 gives the subprocess. For the runs that only make a test's input (the
+    checkpoints it then damages); the run under test stays a real process. A failure raises (SystemExit)."""
+    import train
+
+    assert args[0] == "train.py"
+    with torch_threads(1):
+        train.main(args[1:])
+
+
 def test_resume_skips_damaged_checkpoints_and_a_torn_metrics_line(tmp_path):
     out = tmp_path / "run"
     args = ["train.py", *TINY, "--out-dir", str(out), "--save-every", "1", "--keep-last", "3"]
-    assert run_cli([*args, "--max-steps", "3"]).returncode == 0
+    train_here([*args, "--max-steps", "3"])  # the checkpoints to damage
     checkpoints = out / "checkpoints"
     optimizer = checkpoints / "step-3" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:100])  # truncated
@@ -186,7 +198,7 @@ def test_resume_skips_damaged_checkpoints_and_a_torn_metrics_line(tmp_path):
 def test_resume_with_no_intact_checkpoint_stops_with_one_line(tmp_path):
     out = tmp_path / "run"
     args = ["train.py", *TINY, "--out-dir", str(out), "--max-steps", "1"]
-    assert run_cli(args).returncode == 0
+    train_here(args)  # the checkpoint to damage
     (out / "checkpoints" / "step-1" / "trainer_state.pt").write_bytes(b"")
     resumed = run_cli([*args, "--resume"])
     assert resumed.returncode == 1 and "Traceback" not in resumed.stderr

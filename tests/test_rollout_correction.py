@@ -459,12 +459,18 @@ def test_two_processes_weigh_and_measure_like_one(tmp_path, monkeypatch):
     script = tmp_path / "rank.py"
     script.write_text(TORCHRUN)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    done = subprocess.run([*launch, str(script), str(ROOT), str(tmp_path / "two"), json.dumps(DISTRIBUTED)],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    # The 2-process job starts first and the one-process reference runs here while it starts (another folder).
+    process = subprocess.Popen([*launch, str(script), str(ROOT), str(tmp_path / "two"), json.dumps(DISTRIBUTED)],
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        rollouts, expected = spied_run(tmp_path / "one", monkeypatch, scale=4.0, **DISTRIBUTED)
+    finally:
+        stdout, stderr = process.communicate(timeout=300)
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert done.returncode == 0, done.stderr[-3000:]
     per_rank = [{tuple(map(tuple, key)): weights for key, weights in
                  json.loads((tmp_path / "two" / f"weights-rank-{r}.json").read_text())} for r in range(2)]
-    rollouts, expected = spied_run(tmp_path / "one", monkeypatch, scale=4.0, **DISTRIBUTED)
     assert len(expected) == 16 and all(per_rank)  # both ranks trained rows
     assert sorted([*per_rank[0], *per_rank[1]]) == sorted(expected)  # each row on one rank
     for key, weights in {**per_rank[0], **per_rank[1]}.items():

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,11 +124,14 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, tuple[dict, dict]]:
     return bench, outcome(root / "whole")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_eval_stops_on_a_signal_and_the_printed_command_resumes_it_to_the_same_results(tmp_path, uninterrupted,
-                                                                                       signum):
-    bench, whole = uninterrupted
-    out = tmp_path / "my eval"  # a space: the printed command must quote it
+SIGNALS = {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM}
+
+
+def interrupt_and_resume(bench: Path, out: Path, signum: int) -> SimpleNamespace:
+    """eval.py in a process of its own, sent `signum` once its first batch is written; then the command its last
+    line prints, run as printed (a shell). Returns what the test judges: the interrupted process's exit status
+    and stderr, the samples file as the interruption left it, whether results.json existed then, and the resumed
+    command's process (None when no command was printed)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     process = subprocess.Popen([sys.executable, "eval.py", *eval_run(bench, out)], cwd=ROOT, env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -136,15 +140,42 @@ def test_eval_stops_on_a_signal_and_the_printed_command_resumes_it_to_the_same_r
         time.sleep(0.01)  # until the first batch is written
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 128 + signum and "Traceback" not in stderr, stderr
+    seen = SimpleNamespace(out=out, samples=samples, returncode=process.returncode, stderr=stderr,
+                           kept_lines=len(samples.read_text().splitlines()) if samples.exists() else None,
+                           results_existed=(out / "results.json").exists(), resumed=None)
+    line = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    if "continue with: " in line:
+        seen.resumed = subprocess.run(line.split("continue with: ")[1], shell=True, cwd=ROOT, env=env, text=True,
+                                      capture_output=True, timeout=120)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory, uninterrupted) -> dict[str, SimpleNamespace]:
+    """Signal name -> interrupt_and_resume of the uninterrupted fixture's benchmark, each in an out-dir with a
+    space (the printed command must quote it). The two signals' processes are independent and run side by side
+    (threads only wait on them): each spends most of its seconds importing on one core."""
+    bench, _ = uninterrupted
+    with ThreadPoolExecutor(len(SIGNALS)) as pool:
+        futures = {name: pool.submit(interrupt_and_resume, bench, tmp_path_factory.mktemp(name) / "my eval", signum)
+                   for name, signum in SIGNALS.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_eval_stops_on_a_signal_and_the_printed_command_resumes_it_to_the_same_results(uninterrupted, interrupted,
+                                                                                       name):
+    _, whole = uninterrupted
+    signum, seen = SIGNALS[name], interrupted[name]
+    samples, stderr = seen.samples, seen.stderr
+    assert seen.returncode == 128 + signum and "Traceback" not in stderr, stderr
     line = stderr.strip().splitlines()[-1]
     kept = int(line.removeprefix("interrupted: ").split()[0])
     assert line.startswith(f"interrupted: {kept} samples kept in {samples}; continue with: python eval.py ")
-    assert 2 <= kept < 24 and len(samples.read_text().splitlines()) == kept and not (out / "results.json").exists()
-    resumed = subprocess.run(line.split("continue with: ")[1], shell=True, cwd=ROOT, env=env, text=True,
-                             capture_output=True, timeout=120)
+    assert 2 <= kept < 24 and seen.kept_lines == kept and not seen.results_existed
+    resumed = seen.resumed
     assert resumed.returncode == 0, resumed.stderr
-    assert outcome(out) == whole
+    assert outcome(seen.out) == whole
 
 
 # ----------------------------------------------------------------------------- a hub id without the hub
@@ -246,7 +277,7 @@ def test_evals_estimate_is_within_2x_of_the_time_it_takes(tmp_path, capsys, monk
 
     problems = [{"id": f"p{i}", "prompt_ids": [1, 2], "answer": "1"} for i in range(30)]
     E.evaluate([("sums", problems, "math")], generate, n=4, out_dir=tmp_path, batch_size=2,
-               score_fn=lambda pairs, kind: [1] * len(pairs))
+               score_fn=lambda pairs, kind, name: [1] * len(pairs))
     total_s = clock[0]
     told = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval: ")]
     assert total_s == 145 and len(told) == 1, told

@@ -141,6 +141,8 @@ def test_resume_continues_exactly(tmp_path, one_thread):
     train.run(cut)
     train.run(replace(cut, max_steps=4, resume=True))
     assert read_metrics(tmp_path / "cut") == read_metrics(tmp_path / "straight")
+    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("straight", "cut")]
+    assert summaries[0].get("warnings") == summaries[1].get("warnings")  # the watch's counters resumed too
     a = load_model(str(tmp_path / "straight" / "checkpoints" / "step-4"), dtype=torch.float32, device="cpu")
     b = load_model(str(tmp_path / "cut" / "checkpoints" / "step-4"), dtype=torch.float32, device="cpu")
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
