@@ -41,6 +41,7 @@ from data import (
     tokenize_problems,
 )
 from engine.decoder import release_decoder
+from estimators import EntropyControl
 from grading.grader import surely_equal
 from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
@@ -91,6 +92,7 @@ class Run:
     summary: dict = field(default_factory=dict)
     metrics_path: Path | None = None  # OUT/metrics.jsonl on rank 0 (None elsewhere), set when the run begins
     watch: Watch = field(default_factory=Watch)
+    entropy: EntropyControl = field(default_factory=EntropyControl)  # the bonus's coefficient (adaptive: its state)
 
     def refresh_sampler(self) -> None:
         if self.sampler is not self.policy:
@@ -203,7 +205,7 @@ def train_on(r: Run, groups: Groups, step: int, max_steps: int) -> tuple[dict, i
     for group in r.optimizer.param_groups:
         group["lr"] = scheduled_lr(r.cfg, step, max_steps)
     result, skipped = ({}, 0) if not len(groups.trained.prompts) else update(
-        r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, r.cfg, r.world)
+        r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, r.cfg, r.world, r.entropy)
     r.refresh_sampler()
     return result, skipped
 
@@ -681,7 +683,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     return Run(cfg=cfg, world=world, out_dir=out_dir, device=device, tokenizer=tokenizer, policy=policy,
                trainer=trainer, sampler=policy, optimizer=optimizer, problems=problems, held_out=held_out,
                batcher=PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed), pool=pool, sampling=sampling,
-               exploration=exploration, val_sets=val_sets, tracker=tracker,
+               exploration=exploration, val_sets=val_sets, tracker=tracker, entropy=EntropyControl.of(cfg),
                summary={"prompts": len(problems), "prompts_dropped": dropped})
 
 
@@ -752,7 +754,7 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
     r.batcher.load_state_dict(state["batcher"])
     torch.set_rng_state(state["torch_rng"].cpu())
     random.setstate(state["python_rng"])
-    r.watch = state.get("watch", r.watch)
+    r.watch, r.entropy = state.get("watch", r.watch), state.get("entropy", r.entropy)
     if r.world.is_main:  # what the run's first start found (held-out accuracy before RL, the warm start) stays;
         earlier = read_summary(r.out_dir)  # what an earlier end found is found again at this run's end
         r.summary = {**{k: v for k, v in earlier.items() if k not in END_OF_RUN}, **r.summary}
