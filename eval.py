@@ -156,12 +156,17 @@ def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
 
 def load_benchmarks(specs: str, limit: int | None, *, flag: str) -> list[tuple[str, list[dict], str]]:
     """load_benchmark for each of a comma-separated list; a failure is one DataError naming `flag`."""
-    benchmarks = []
+    benchmarks, named = [], {}
     for spec in (spec.strip() for spec in specs.split(",") if spec.strip()):
         try:
             benchmarks.append(load_benchmark(spec, limit))
         except Exception as error:  # a missing file, a malformed line, the hub: one line naming the flag
             raise data.DataError(data.describe_load_error(error, f"{flag} {spec}")) from None
+        name = benchmarks[-1][0]
+        if name in named:  # results, samples and progress are keyed by the name: two would merge into one
+            raise data.DataError(f"{flag}: {named[name]!r} and {spec!r} are both the benchmark {name!r}: name each "
+                                 "once (a file's name is its stem: rename one of two files of the same name)")
+        named[name] = spec
     return benchmarks
 
 

@@ -307,6 +307,19 @@ def test_a_training_runs_folder_before_its_first_checkpoint_says_so(tmp_path, ca
     assert "is a training run's folder" in message and "no checkpoint yet" in message, message
 
 
+def test_a_benchmark_named_twice_is_one_line_not_an_empty_bar(tmp_path, capsys):
+    """Two files of one name would be one benchmark in results.json, samples.jsonl and the progress bars."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "sums.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    a, b = tmp_path / "a" / "sums.jsonl", tmp_path / "b" / "sums.jsonl"
+    for specs in (f"{a},{a}", f"{a},{b}"):
+        message = error_line(E.main, ["--model", "tiny", "--benchmarks", specs, "--out-dir", str(tmp_path / "out")],
+                             capsys)
+        assert "are both the benchmark 'sums'" in message, message
+        assert not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------- bench.py: one line, and one unit
 
 
