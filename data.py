@@ -67,7 +67,9 @@ def hub_snapshot(repo_id: str, *, allow_patterns: list[str], instead: str, repo_
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as error:
         cause = error.__cause__ or error.__context__
         if isinstance(error, OfflineModeIsEnabled) or isinstance(cause, OfflineModeIsEnabled):
-            why = "HF_HUB_OFFLINE keeps the hub off"
+            switch = "TRANSFORMERS_OFFLINE" if os.environ.get("TRANSFORMERS_OFFLINE") and not \
+                os.environ.get("HF_HUB_OFFLINE") else "HF_HUB_OFFLINE"
+            why = f"{switch} keeps the hub off"
         else:  # the library's message starts "Got: ConnectError: ..." when the network failed
             first = str(cause or error).strip().splitlines()[0] if str(cause or error).strip() else ""
             reason = f"{type(cause).__name__}: {first}" if cause is not None else first.removeprefix("Got: ")

@@ -3,6 +3,7 @@ as docs/algorithm.md says, the arith set is right by an independent re-derivatio
 
 import json
 import re
+import sys
 
 import pytest
 
@@ -46,6 +47,7 @@ def test_json_list_gives_the_same_records_as_jsonl(shared_data, tmp_path):
     assert [(p["problem"], p["answer"]) for p in from_list] == [(p["problem"], p["answer"]) for p in from_lines]
 
 
+@pytest.mark.extra
 def test_parquet_loads_when_pyarrow_is_there(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -54,6 +56,14 @@ def test_parquet_loads_when_pyarrow_is_there(tmp_path):
                    tmp_path / "train.parquet")
     problems = data.load_problems(str(tmp_path / "train.parquet"))
     assert [(p["problem"], p["answer"]) for p in problems] == [("1+1?", "2"), ("2+2?", "4")]
+
+
+def test_a_parquet_file_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: its import fails
+    (tmp_path / "train.parquet").write_bytes(b"PAR1")
+    with pytest.raises(data.DataError) as refused:
+        data.load_problems(str(tmp_path / "train.parquet"))
+    assert str(refused.value) == f"{tmp_path / 'train.parquet'}: reading parquet needs pyarrow (pip install pyarrow)"
 
 
 def write(path, text):

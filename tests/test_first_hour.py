@@ -231,6 +231,7 @@ def test_eval_records_its_settings_and_refuses_to_mix_two_evaluations(tmp_path, 
     assert len((out / "samples.jsonl").read_text().splitlines()) == 3
 
 
+@pytest.mark.hub
 def test_a_hub_failure_names_the_argument_and_the_offline_way(tmp_path, capsys, monkeypatch):
     def unreachable(*args, **kwargs):
         raise OSError("Got: ConnectError('[Errno -3] Temporary failure in name resolution')")

@@ -338,6 +338,7 @@ def direct_math_verify(response: str, reference: str) -> float:
     return 1.0 if math_verify.verify(gold, math_verify.parse(response)) else 0.0
 
 
+@pytest.mark.extra
 def test_math_verify_grader_equals_math_verify_called_directly():
     _math_verify()
     pairs = [("so \\boxed{\\frac{1}{2}}", "0.5"), ("The answer is $x = 5$", "5"), ("\\boxed{2}", "3"),
@@ -346,6 +347,7 @@ def test_math_verify_grader_equals_math_verify_called_directly():
         assert pool.score(pairs) == [direct_math_verify(*pair) for pair in pairs]
 
 
+@pytest.mark.extra
 def test_eval_with_math_verify_matches_math_verify_on_its_samples(shared_data, tmp_path):
     _math_verify()
     out = tmp_path / "out"

@@ -13,8 +13,8 @@ import torch
 import ngrpo
 import train
 from config import Config, preset
-from estimators import EntropyControl, high_entropy_mask, kl_penalty
 from engine.logprobs import token_logprobs
+from estimators import EntropyControl, high_entropy_mask, kl_penalty
 from model import TINY_CONFIG, load_model, random_model
 from rollout import Sampling, generate
 from runtime.diagnostics import LearningSignal

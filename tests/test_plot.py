@@ -1,8 +1,9 @@
 """research/plot.py: runs grouped over seeds by their configs, the band's numbers by hand, PNG files from small
-metrics.jsonl files (skips without matplotlib)."""
+metrics.jsonl files (skips without matplotlib), and without matplotlib one line that says what to install."""
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ def test_runs_differing_only_in_seed_form_one_curve(runs):
     assert steps == [0, 2] and mean == pytest.approx([0.1, 0.25])  # step 0: summary.json's val_before
 
 
+@pytest.mark.extra
 def test_pngs_are_written_for_the_logged_figures_only(runs, tmp_path):
     pytest.importorskip("matplotlib")
     written = plot.main([str(r) for r in runs] + ["--out", str(tmp_path / "plots")])
@@ -59,7 +61,16 @@ def test_pngs_are_written_for_the_logged_figures_only(runs, tmp_path):
         assert width > 300 and height > 200
 
 
+@pytest.mark.extra
 def test_a_directory_without_metrics_is_a_clear_error(tmp_path):
     pytest.importorskip("matplotlib")
     with pytest.raises(SystemExit, match="no metrics.jsonl"):
         plot.main([str(tmp_path), "--out", str(tmp_path / "plots")])
+
+
+def test_without_matplotlib_one_line_says_what_to_install_and_nothing_is_written(runs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: its import fails
+    with pytest.raises(SystemExit) as stopped:
+        plot.main([str(r) for r in runs] + ["--out", str(tmp_path / "plots")])
+    assert stopped.value.code == "error: research.plot needs matplotlib: pip install matplotlib"
+    assert not (tmp_path / "plots").exists()

@@ -181,16 +181,24 @@ def test_eval_stops_on_a_signal_and_the_printed_command_resumes_it_to_the_same_r
 # ----------------------------------------------------------------------------- a hub id without the hub
 
 
-def test_a_hub_id_without_the_hub_fails_at_once_in_one_line_naming_what_to_pass(tmp_path, shared_data):
+@pytest.mark.hub
+@pytest.mark.parametrize("hub", ["unreachable", "switched off"])
+def test_a_hub_id_without_the_hub_fails_at_once_in_one_line_naming_what_to_pass(hub, tmp_path, shared_data):
     """The hub's address is a closed local port (nothing touches the network) and its cache an empty folder:
-    huggingface_hub then fails as on a machine without the hub. hf_hub_download (--plan's config.json) retried
-    for 27 s and transformers' AutoTokenizer for 49 s, each retry a line, before their errors; both must say at
-    once, in one line, what to pass instead of the hub id."""
+    huggingface_hub then fails as on a machine without the hub, or with HF_HUB_OFFLINE=1 (as many clusters set
+    it) as on one that keeps it off. hf_hub_download (--plan's config.json) retried an unreachable hub for 27 s
+    and transformers' AutoTokenizer for 49 s, each retry a line, before their errors; both must say at once, in
+    one line, why and what to pass instead of the hub id. The test sets the switch itself: an HF_HUB_OFFLINE or
+    TRANSFORMERS_OFFLINE of the shell that runs the tests changes nothing."""
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:1", "HF_HOME": str(tmp_path / "hf"),
            "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_OFFLINE", None)
-    refused = ("the hub did not answer (ConnectError: [Errno 111] Connection refused) and the local cache does not "
-               "hold it")
+    for switch in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # huggingface_hub reads either as "offline"
+        env.pop(switch, None)
+    if hub == "switched off":
+        env["HF_HUB_OFFLINE"] = "1"
+    why = {"unreachable": "the hub did not answer (ConnectError: [Errno 111] Connection refused)",
+           "switched off": "HF_HUB_OFFLINE keeps the hub off"}[hub]
+    refused = f"{why} and the local cache does not hold it"
     commands = {  # argv -> (exit status, the line)
         ("train.py", "--preset", "paper-7b", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "--plan"):
             (2, "--model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B: deepseek-ai/DeepSeek-R1-Distill-Qwen-7B is a "
@@ -209,6 +217,7 @@ def test_a_hub_id_without_the_hub_fails_at_once_in_one_line_naming_what_to_pass(
     assert not (tmp_path / "k").exists()  # nothing written
 
 
+@pytest.mark.hub
 def test_a_hub_id_under_hf_hub_offline_is_asked_for_once(tmp_path, capsys, monkeypatch):
     """snapshot_download replaced by what it raises under HF_HUB_OFFLINE=1 with nothing cached: train.py's
     memory check asked the hub, kept quiet about its answer and load_model asked again; now the first answer is

@@ -12,6 +12,7 @@ STEPS = [{"step": 1, "reward_mean": 0.25, "div/distinct_1": 0.5, "skipped_miniba
          {"step": 3, "reward_mean": 0.75, "div/distinct_1": 0.3, "skipped_minibatches": 0}]
 
 
+@pytest.mark.extra
 def test_tensorboard_event_file_reads_back(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -34,6 +35,7 @@ def test_tensorboard_event_file_reads_back(tmp_path):
     assert b"mix_rate" in texts["config/text_summary"][0].tensor_proto.string_val[0]
 
 
+@pytest.mark.extra
 def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -53,6 +55,7 @@ def test_report_to_names():
         tracking.parse_report_to("mlflow")
 
 
+@pytest.mark.extra
 def test_a_tiny_training_run_reports_to_tensorboard(tmp_path):
     """train.py --report-to tensorboard: every step's metrics.jsonl numbers are in the event file."""
     pytest.importorskip("tensorboard")
