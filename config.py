@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from data import MATH_INSTRUCTION
+from runtime.lora import TARGETS as LORA_TARGETS
 from runtime.plan import print_plan
 
 
@@ -189,6 +190,20 @@ class Config:
     logprob_chunk_tokens: int = option(1024, "positions whose vocabulary logits exist at once when computing "
                                        "log-probs (memory O(chunk x V), never O(B x T x V))")
 
+    # --- low-rank adapters (LoRA: Hu et al., arXiv 2106.09685; runtime/lora.py, docs/lora.md)
+    lora_rank: int = option(0, "rank r of low-rank adapters (LoRA, Hu et al., arXiv 2106.09685): the model's weights "
+                            "stay frozen and AdamW trains only A [r, in] and B [out, r] of each --lora-targets "
+                            "projection, W + (alpha / r) B A; the sampler decodes with the merged weights, the KL "
+                            "reference is the model with its adapters off, checkpoints hold the adapters in PEFT's "
+                            "format. 0 = off: full fine-tuning, as in the paper")
+    lora_alpha: float = option(16.0, "LoRA's alpha: the adapters' update is scaled by alpha / --lora-rank (Hu et al., "
+                               "arXiv 2106.09685)")
+    lora_dropout: float = option(0.0, "dropout on each adapter's input during the update, as in LoRA (Hu et al., "
+                                 "arXiv 2106.09685) and PEFT's lora_dropout (0 = none)")
+    lora_targets: str = option(",".join(LORA_TARGETS), "the projections of every block that get adapters, "
+                               "comma-separated, named as in Hugging Face checkpoints and PEFT's target_modules "
+                               f"(LoRA, Hu et al., arXiv 2106.09685); any of {', '.join(LORA_TARGETS)}")
+
     # --- supervised warm start (the demo: teach a random model the answer format before RL)
     sft_steps: int = option(0, "teacher-forced steps on the data's worked solutions before RL, at most "
                             "(0 = none; with --sft-target-accuracy the warm start may stop sooner)")
@@ -266,6 +281,9 @@ class Config:
 
     def check_trainable(self) -> None:
         """The rules that only training adds: a ValueError naming what to change."""
+        if self.lora_rank and "RANK" in os.environ:
+            raise ValueError(f"--lora-rank {self.lora_rank}: adapters run in one process for now, not under torchrun: "
+                             "run python train.py, or drop --lora-rank for full fine-tuning under torchrun")
         if self.temperature == 0:
             raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same and "
                              "GRPO would have no signal; train with --temperature > 0")
@@ -363,6 +381,8 @@ RANGES = {
     "overlong_penalty_factor": _AT_LEAST_0, "lr": _STEP_SIZE, "warmup_steps": _AT_LEAST_0,
     "min_lr_ratio": _FRACTION, "weight_decay": _AT_LEAST_0,
     "grad_clip": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "logprob_chunk_tokens": _AT_LEAST_1,
+    "lora_rank": (lambda v: v >= 0, "must be >= 0 (0 = off: full fine-tuning)"), "lora_alpha": _POSITIVE,
+    "lora_dropout": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "sft_steps": (lambda v: v >= 0, "must be >= 0 (0 = none)"), "sft_lr": _STEP_SIZE, "sft_batch_size": _AT_LEAST_1,
     "sft_target_accuracy": (lambda v: 0 <= v <= 1, "must be in [0, 1] (0 = off)"),
     "sft_dev_problems": _AT_LEAST_1, "sft_eval_every": _AT_LEAST_1,
@@ -388,6 +408,7 @@ RANGES = {
 
 def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
     """(the field a message names, whether its setting agrees with the others, message)."""
+    bad_targets = ", ".join(map(repr, unknown_targets(c.lora_targets)))
     return [
         ("mix_entropy_threshold", c.mix_entropy_threshold == 0 or c.explore not in ("none", "soft"),
          "replaces the mixing coin, which --explore none and soft do not have"),
@@ -406,9 +427,16 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
          "metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
         ("refill", not c.refill or c.filter_groups != "none", "needs --filter-groups: with nothing filtered "
          "there is nothing to refill"),
+        ("lora_targets", not bad_targets, f"names {bad_targets}, not a projection adapters can wrap; choose "
+         f"among {', '.join(LORA_TARGETS)}"),
         ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
          f"({c.max_new_tokens})"),
     ]
+
+
+def unknown_targets(targets: str) -> list[str]:
+    """The names of a --lora-targets list that are not projections adapters can wrap (an empty name included)."""
+    return [name for name in (t.strip() for t in targets.split(",")) if name not in LORA_TARGETS]
 
 
 # Flags that do something only with another setting: given on the command line (with a value other than the
@@ -434,6 +462,7 @@ IDLE_WITHOUT = {
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
     "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
     "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
+    **dict.fromkeys(("lora_alpha", "lora_dropout", "lora_targets"), (lambda c: c.lora_rank > 0, "--lora-rank N")),
 }
 
 
@@ -520,6 +549,7 @@ REPLACES_ITS_OWN_OUTPUT = ("tiny", "demo")
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
             "explore": "exploration (docs/algorithm.md)", "grader": "reward",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
+            "lora_rank": "low-rank adapters (LoRA)",
             "sft_steps": "supervised warm start", "preset": "the run", "val_data": "validation during training"}
 
 
