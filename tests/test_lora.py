@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import train
 from config import preset
 from model import TINY_CONFIG, load_model, random_model, save_model
-from runtime import distributed, lora
+from runtime import distributed, lora, plan
 
 RANK, ALPHA = 4, 8.0
 
@@ -169,6 +169,28 @@ def test_lora_under_torchrun_is_refused_at_once(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--lora-rank 8: adapters run in one process for now, not under torchrun"):
         train.run(replace(preset("tiny"), out_dir=str(tmp_path / "run"), lora_rank=8))
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- --plan
+
+
+@pytest.mark.parametrize("targets", ["q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "v_proj,q_proj"])
+def test_the_plan_counts_the_adapters_that_add_adapters_makes(targets):
+    model = random_model(TINY_CONFIG, seed=0)
+    names = tuple(t for t in lora.TARGETS if t in targets.split(","))
+    params = lora.add_adapters(model, lora.LoraSettings(rank=8, alpha=16.0, targets=names))
+    assert plan.adapter_count(TINY_CONFIG, 8, targets) == sum(p.numel() for p in params)
+
+
+def test_the_7b_with_adapters_fits_one_80_gb_gpu_where_full_fine_tuning_does_not(shared_data):
+    mc = plan.model_config(str(shared_data / "configs" / "DeepSeek-R1-Distill-Qwen-7B"))
+    full = plan.plan_memory(preset("paper-7b"), mc, gpus=1, gpu_gb=80)
+    adapted_7b = plan.plan_memory(replace(preset("paper-7b"), lora_rank=64, lora_alpha=128.0), mc, gpus=1, gpu_gb=80)
+    assert not full.fits and adapted_7b.fits
+    rows = {row.name.split(",")[0]: row for row in adapted_7b.rows}
+    assert rows["frozen base weights"].rollout == 2 * plan.count_params(mc).total  # bf16, the only base copy
+    assert "reference model" not in rows and "fp32 weights" not in rows
+    assert rows["AdamW moments"].rollout == 8 * plan.adapter_count(mc, 64, preset("paper-7b").lora_targets)
 
 
 # ----------------------------------------------------------------------------- train.py --lora-rank
