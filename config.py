@@ -24,9 +24,10 @@ from runtime.lora import TARGETS as LORA_TARGETS
 from runtime.plan import print_plan
 
 
-def option(default, help: str, choices: tuple | None = None):
-    """A Config field with the help text (and allowed values) its command-line flag shows."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def option(default, help: str, choices: tuple | None = None, aliases: tuple = ()):
+    """A Config field with the help text (and allowed values) its command-line flag shows; `aliases`: other flags
+    for it (another library's name)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,27 @@ class Config:
     clip_low: float = option(0.2, "PPO clip: ratio floor is 1 - clip_low")
     clip_high: float = option(0.2, "PPO clip: ratio ceiling is 1 + clip_high (raise it for clip-higher)")
     dual_clip: float = option(3.0, "dual clip for negative advantages: the loss is at most -c * A (0 = off)")
-    kl_coef: float = option(0.01, "coefficient of the k3 KL to the reference model (0 = no reference model)")
+    kl_coef: float = option(0.01, "coefficient of the KL to the reference model (0 = no reference model)")
+    kl_estimator: str = option("low-var", "the per-token KL estimate (Schulman 2020; docs/estimators.md): k1 = "
+                               "logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(d) - d - 1, d = ref - logp (TRL's); "
+                               "low-var = k3 clamped, the released code's and verl's low_var_kl",
+                               ("k1", "k2", "k3", "low-var"))
+    kl_in_reward: bool = option(False, "put the KL in the reward instead of the loss: each response's reward less "
+                                "kl_coef x the sum of its tokens' KL estimates, before the advantages (verl's "
+                                "use_kl_in_reward, OpenRLHF's and NeMo RL's reward KL)")
     entropy_coef: float = option(0.0, "entropy bonus: the loss minus this x the mean entropy of the policy at each "
                                  "response token (its gradient through the chunked log-prob pass), as verl's "
-                                 "entropy_coeff and TRL's; 0 = off, as in the released runs")
+                                 "entropy_coeff and TRL's; 0 = off, as in the released runs. With --entropy-target: "
+                                 "the adaptive coefficient's ceiling")
+    entropy_target: float = option(0.0, "> 0: adaptive entropy control (Skywork-OR1, arXiv 2505.22312): the bonus "
+                                   "is on while the rollouts' entropy is at most this, its coefficient moving by "
+                                   "--entropy-coef-delta a step toward holding it; 0 = the fixed --entropy-coef")
+    entropy_coef_delta: float = option(0.0005, "adaptive entropy control: the coefficient's change per step")
+    top_entropy_quantile: float = option(1.0, "the policy gradient only on this fraction of the batch's response "
+                                         "tokens, those of highest entropy under the policy that drew them (Wang et "
+                                         "al., arXiv 2506.01939: 0.2; TRL's top_entropy_quantile, the release's "
+                                         "entropy_top_ratio); the KL and the bonus still see every token; 1 = all",
+                                         aliases=("--entropy-top-ratio",))
     old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded inputs; "
                            "rollout = the sampler's own", ("replay", "rollout"))
     rollout_is: str = option("none", "correct the sampler-vs-policy mismatch (docs/algorithm.md, 'The sampler is "
@@ -159,9 +177,15 @@ class Config:
                                      "(docs/micro-batches.md). 0 = fixed rows")
 
     # --- the GRPO family (docs/algorithm.md): NGRPO's calibrated advantages, DAPO's sampling and shaping
-    adv_estimator: str = option("grpo", "grpo = group-normalised rewards; negative = NGRPO (Nan et al. 2025): each "
-                                "group's mean and std also count virtual samples of the maximum reward, so an "
-                                "all-wrong group gets negative advantages", ("grpo", "negative"))
+    adv_estimator: str = option("grpo", "each response's advantage from its group's rewards (docs/estimators.md): "
+                                "grpo = group-normalised; negative = NGRPO (Nan et al. 2025): each group's mean and "
+                                "std also count virtual samples of the maximum reward, so an all-wrong group gets "
+                                "negative advantages; rloo = r minus the mean of the others (arXiv 2402.14740); "
+                                "reinforce-baseline = REINFORCE++'s group-centred, batch-whitened (arXiv "
+                                "2501.03262); passk = an unbiased gradient of pass@k (Walder and Karkhanis, arXiv "
+                                "2505.15201)", ("grpo", "negative", "rloo", "reinforce-baseline", "passk"),
+                                aliases=("--advantage",))
+    pass_k: int = option(2, "passk: the k of pass@k (1 = rloo; at most --group-size)")
     virtual_max_reward: float = option(1.0, "negative: the reward of each virtual sample")
     virtual_max_count: int = option(1, "negative: virtual samples added to each group (m)")
     filter_groups: str = option("none", "drop groups with no learning signal before the update: all = every group "
@@ -196,13 +220,10 @@ class Config:
                             "projection, W + (alpha / r) B A; the sampler decodes with the merged weights, the KL "
                             "reference is the model with its adapters off, checkpoints hold the adapters in PEFT's "
                             "format. 0 = off: full fine-tuning, as in the paper")
-    lora_alpha: float = option(16.0, "LoRA's alpha: the adapters' update is scaled by alpha / --lora-rank (Hu et al., "
-                               "arXiv 2106.09685)")
-    lora_dropout: float = option(0.0, "dropout on each adapter's input during the update, as in LoRA (Hu et al., "
-                                 "arXiv 2106.09685) and PEFT's lora_dropout (0 = none)")
+    lora_alpha: float = option(16.0, "LoRA's alpha: the adapters' update is scaled by alpha / --lora-rank")
+    lora_dropout: float = option(0.0, "dropout on each adapter's input in the update (PEFT's lora_dropout; 0 = none)")
     lora_targets: str = option(",".join(LORA_TARGETS), "the projections of every block that get adapters, "
-                               "comma-separated, named as in Hugging Face checkpoints and PEFT's target_modules "
-                               f"(LoRA, Hu et al., arXiv 2106.09685); any of {', '.join(LORA_TARGETS)}")
+                               "comma-separated, named as in Hugging Face checkpoints and PEFT's target_modules")
 
     # --- supervised warm start (the demo: teach a random model the answer format before RL)
     sft_steps: int = option(0, "teacher-forced steps on the data's worked solutions before RL, at most "
@@ -366,7 +387,9 @@ RANGES = {
     "mix_rate": _FRACTION, "mix_entropy_threshold": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
     "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
     "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
-    "entropy_coef": _AT_LEAST_0, "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
+    "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
+    "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "reward_fail_steps": (lambda v: v >= 0, "must be >= 0 (0 = never stop)"),
     "adv_eps": (lambda v: v > 0, "must be > 0: it keeps a group whose rewards are all equal from dividing by "
                 "zero (a negative one flips the advantages' sign)"),
@@ -429,6 +452,10 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
          "there is nothing to refill"),
         ("lora_targets", not bad_targets, f"names {bad_targets}, not a projection adapters can wrap; choose "
          f"among {', '.join(LORA_TARGETS)}"),
+        ("pass_k", c.pass_k <= c.group_size, f"must be at most --group-size ({c.group_size}): pass@k of a group "
+         "of G responses"),
+        ("entropy_target", c.entropy_target == 0 or c.entropy_coef > 0, "needs --entropy-coef > 0, the adaptive "
+         "coefficient's ceiling"),
         ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
          f"({c.max_new_tokens})"),
     ]
@@ -446,6 +473,9 @@ IDLE_WITHOUT = {
     **dict.fromkeys(("virtual_max_reward", "virtual_max_count"),
                     (lambda c: c.adv_estimator == "negative", "--adv-estimator negative")),
     "loss_agg_rows": (lambda c: c.loss_agg == "token-mean-per-rows", "--loss-agg token-mean-per-rows"),
+    "pass_k": (lambda c: c.adv_estimator == "passk", "--adv-estimator passk"),
+    "entropy_coef_delta": (lambda c: c.entropy_target > 0, "--entropy-target"),
+    **dict.fromkeys(("kl_estimator", "kl_in_reward"), (lambda c: c.kl_coef > 0, "--kl-coef > 0")),
     "max_refill_draws": (lambda c: c.refill, "--refill"),
     "rollout_is_cap": (lambda c: c.rollout_is != "none", "--rollout-is (a mode other than none)"),
     "rollout_is_lower": (lambda c: c.rollout_is.endswith("mask"), "--rollout-is token-mask or sequence-mask"),
@@ -566,15 +596,16 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict
             group = parser.add_argument_group(helps.get(SECTIONS[f.name], SECTIONS[f.name]))
         if (names is not None and f.name not in names) or f.name == "preset":  # preset: --preset's own
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *f.metadata["aliases"]]
         default = defaults.get(f.name, f.default)
         help_text = helps.get(f.name, f.metadata["help"])
         help_text = (help_text if "(default:" in help_text or "(required" in help_text
                      else f"{help_text} (default: {default!r})").replace("%", "%%")
         if f.type is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                               help=help_text)
         else:
-            group.add_argument(flag, type=f.type, choices=f.metadata["choices"], default=argparse.SUPPRESS,
+            group.add_argument(*flags, type=f.type, choices=f.metadata["choices"], default=argparse.SUPPRESS,
                                metavar=f.name.upper() if not f.metadata["choices"] else None, help=help_text)
 
 
@@ -626,6 +657,10 @@ def build_parser(description: str, argv: list[str] = ()) -> argparse.ArgumentPar
     return parser
 
 
+# Another library's flag -> the field it sets (--advantage -> adv_estimator).
+ALIASES = {alias: f.name for f in fields(Config) for alias in f.metadata["aliases"]}
+
+
 def typed_values(argv: list[str]) -> dict[str, str]:
     """{field: the value as typed} of the `--flag value` and `--flag=value` pairs in argv (the last one wins,
     as for argparse), so that a message quotes the user's `1e-6`, not Python's `1e-06`."""
@@ -638,8 +673,8 @@ def typed_values(argv: list[str]) -> dict[str, str]:
             if index + 1 >= len(argv):
                 continue
             value = argv[index + 1]
-        typed[name[2:].replace("-", "_")] = shown(value) if value == "" or " " in value or not _is_text(value) \
-            else value
+        key = ALIASES.get(name, name[2:].replace("-", "_"))
+        typed[key] = shown(value) if value == "" or " " in value or not _is_text(value) else value
     return typed
 
 

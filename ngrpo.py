@@ -9,14 +9,16 @@ What runs by default (`python train.py --model deepseek-ai/DeepSeek-R1-Distill-Q
      its 1 nearest cosine neighbor in the output matrix (neighbors.py), weighted softmax(p / tau) over the two
      (strategies.neighbor_candidates: the released code's weights). The sampled token stays the action.
   2. Rewards (reward.py): 1 if the last \boxed{} answer equals the reference (sympy), else 0.
-  3. Advantages (group_advantages): (r - mean_G r) / (std_G r + 1e-6) within each prompt's group.
+  3. Advantages (estimators.group_advantages): (r - mean_G r) / (std_G r + 1e-6) within each prompt's group.
   4. Replay (replay.py): the policy, the old policy and the reference model are scored on the inputs the sampler
      fed, mixtures included; the input embeddings stay frozen, as in the released runs.
   5. Loss (policy_loss): dual-clip PPO (ratio clipped to [0.8, 1.2], losses of negative advantages capped at
      -3 A) + 0.01 x the k3 KL to the reference, summed over each run of 2 rows' tokens (the released
      aggregation), AdamW at lr 5e-7 over 4 mini-batches of 16 prompts, one epoch (update).
 
-    rewards -> group_advantages -> replay (old policy, reference) -> micro-batches -> policy_loss -> AdamW
+    rewards -> replay (old policy, reference) -> advantages -> micro-batches -> policy_loss -> AdamW
+
+Each estimator (the advantage, the KL, the entropy controls) is a function of estimators.py, chosen by name.
 
 The loss is a token mean over the mini-batch (or over runs of rows, or over its sequences: --loss-agg): each
 micro-batch divides by the whole mini-batch's count, so the gradient does not depend on how it is split.
@@ -25,47 +27,17 @@ micro-batch divides by the whole mini-batch's count, so the gradient does not de
 
 import math
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from estimators import KL_ESTIMATORS, EntropyControl, advantages_of, high_entropy_mask, kl_penalty
 from replay import sequence_logprobs
 from rollout import Rollout
 from runtime import distributed
 from runtime.distributed import World
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-6,
-                     virtual_count: int = 0, virtual_reward: float = 1.0) -> torch.Tensor:
-    """(r - mean_G r) / (std_G r + eps) with the unbiased std, per group of `group_size` consecutive rewards.
-
-    >>> group_advantages(torch.tensor([1., 0., 0., 0.]), 4)   # mean 0.25, std 0.5
-    tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
-
-    A group whose rewards are all equal gets 0; so does a group of one. scale: group = the group's std,
-    batch = the std of all `rewards`, none = centre only (Dr. GRPO).
-
-    virtual_count = m > 0 is NGRPO's calibration: mean and std run over the group's rewards plus m virtual
-    rewards `virtual_reward`, so [0, 0, 0, 0] + [1] gives mean 0.2, std 0.4472 and advantages -0.4472 each.
-    A group of one then has mean 0 and std 1, as in NGRPO's released code."""
-    groups = rewards.float().view(-1, group_size)  # [N / G, G]
-    stats = groups
-    if virtual_count > 0:
-        stats = torch.cat([groups, groups.new_full((groups.shape[0], virtual_count), virtual_reward)], 1)
-    if virtual_count > 0 and group_size == 1:
-        mean, std = torch.zeros_like(groups), torch.ones_like(groups)
-    else:
-        mean, std = stats.mean(-1, keepdim=True), None
-        if scale == "group" and group_size > 1:
-            std = stats.std(-1, keepdim=True)
-    if scale == "batch" and rewards.numel() > 1:
-        std = rewards.float().std()
-    centred = groups - mean
-    if scale != "none" and std is not None:
-        centred = centred / (std + eps)
-    return centred.flatten()
 
 
 def keep_groups(rewards: torch.Tensor, group_size: int, strategy: str) -> torch.Tensor:
@@ -90,13 +62,6 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, fa
     if buffer <= 0:
         return torch.zeros(lengths.shape)
     return ((max_new_tokens - buffer - lengths.float()) / buffer * factor).clamp(max=0.0)
-
-
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(policy || reference): exp(d) - d - 1 with d = ref - logp clamped to
-    [-20, 20], the result clamped to [-10, 10] (the released code's low-variance KL)."""
-    diff = (ref_logp - logp).clamp(-20.0, 20.0)
-    return (diff.exp() - diff - 1.0).clamp(-10.0, 10.0)
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, normalizer, max_tokens: int,
@@ -145,7 +110,9 @@ class LossSettings:
     clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
     dual_clip: float = 3.0  # for A < 0 a token's loss is at most -dual_clip * A (0: off)
-    kl_coef: float = 0.01  # the k3 KL to the reference model, added to the loss
+    kl_coef: float = 0.01  # the KL to the reference model, added to the loss (to the reward with kl_in_reward)
+    kl_estimator: str = "low-var"  # estimators.KL_ESTIMATORS
+    kl_in_reward: bool = False
     entropy_coef: float = 0.0  # the entropy bonus: this x the aggregated per-token entropy, subtracted from the loss
     loss_agg: str = "token-mean"  # how token losses become one number (`aggregate`)
     loss_agg_rows: int = 1  # token-mean-per-rows: rows per run
@@ -159,16 +126,15 @@ class LossSettings:
 
 def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref_logp=None, normalizer=None,
                 run_tokens=None, is_weights=None, entropy=None):
-    """Clipped policy-gradient loss (+ kl_coef * k3 KL, - entropy_coef * the entropy) aggregated over the tokens of
-    `mask` as
-    settings.loss_agg says, divided by normalizer (default: this batch's token count for token-mean, else its
-    count of rows with a token; pass the whole mini-batch's count when this is one micro-batch).
+    """Clipped policy-gradient loss (+ kl_coef * the KL estimate, - entropy_coef * the entropy) aggregated over the
+    tokens of `mask` as settings.loss_agg says, divided by normalizer (default: this batch's token count for
+    token-mean, else its count of rows with a token; pass the whole mini-batch's count when this is one micro-batch).
 
     logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. is_weights [B, T] (`importance_weights`,
-    --rollout-is): each token's clipped loss is multiplied by its weight, which carries no gradient; the KL term
-    is not weighted, and a token weighted 0 still counts in the normalizer. Returns (loss, metrics); each metric
-    is a sum / normalizer, so micro-batches add up (fractions and ratio_mean are token means, or means of
-    per-sequence token means in the seq modes)."""
+    --rollout-is; 0 on the tokens --top-entropy-quantile leaves out): each token's clipped loss is multiplied by
+    its weight, which carries no gradient; the KL term is not weighted, and a token weighted 0 still counts in the
+    normalizer. Returns (loss, metrics); each metric is a sum / normalizer, so micro-batches add up (fractions and
+    ratio_mean are token means, or means of per-sequence token means in the seq modes)."""
     cfg = settings
     mask = mask.float()
     if normalizer is None:
@@ -209,8 +175,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
             "ratio_mean": mean(ratio),
         }
     loss = pg_loss
-    if ref_logp is not None and cfg.kl_coef > 0:
-        kl = total(k3_kl(logp, ref_logp))
+    if ref_logp is not None and cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        kl = total(KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp))
         loss = loss + cfg.kl_coef * kl
         metrics["kl"] = kl.detach()
     if cfg.entropy_coef > 0:  # entropy [B, T] with its gradient (replay.sequence_logprobs): higher entropy, lower loss
@@ -431,6 +397,7 @@ class Episodes:
     old_logp: torch.Tensor | None  # [N, T]; None = on-policy: the update's own forward, detached
     ref_logp: torch.Tensor | None = None  # [N, T], when a KL term is on
     in_loss: torch.Tensor | None = None  # [N] bool, rows whose tokens count (--mask-truncated); None = all
+    pg_mask: torch.Tensor | None = None  # [N, T] bool, the tokens the policy gradient trains on; None = all
 
     def __len__(self) -> int:
         return len(self.rollout.prompts)
@@ -438,7 +405,8 @@ class Episodes:
     def rows(self, index: slice | list[int]) -> "Episodes":
         pick = lambda x: None if x is None else x[index]
         return Episodes(rollout=self.rollout.select(index), advantages=self.advantages[index],
-                        old_logp=pick(self.old_logp), ref_logp=pick(self.ref_logp), in_loss=pick(self.in_loss))
+                        old_logp=pick(self.old_logp), ref_logp=pick(self.ref_logp), in_loss=pick(self.in_loss),
+                        pg_mask=pick(self.pg_mask))
 
     def micro_batch(self, index: list[int]) -> "Episodes":
         """The rows `index`, cut to their longest response, so that the log-probs of a micro-batch of short
@@ -448,7 +416,7 @@ class Episodes:
         width = rollout.response_ids.shape[1]
         cut = lambda x: None if x is None else x[:, :width]
         return Episodes(rollout=rollout, advantages=micro.advantages, old_logp=cut(micro.old_logp),
-                        ref_logp=cut(micro.ref_logp), in_loss=micro.in_loss)
+                        ref_logp=cut(micro.ref_logp), in_loss=micro.in_loss, pg_mask=cut(micro.pg_mask))
 
     def loss_mask(self) -> torch.Tensor:
         """[N, T] bool: the response tokens that count in the loss."""
@@ -466,50 +434,56 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def replay_logprobs(model, rollout, cfg, world: World = World()) -> torch.Tensor:
-    """No-grad fp32 log-probs [N, T] of every response token, micro-batch by micro-batch (rows or a token budget:
-    "micro-batches" above). Under torchrun each rank replays its share of the rows and every rank gets all of
-    them back, in row order. Positions past a row's response hold values the response mask ignores."""
+def replay_logprobs(model, rollout, cfg, world: World = World(), *, entropy: bool = False):
+    """No-grad fp32 log-probs [N, T] of every response token (with entropy: (log-probs, entropies)), micro-batch by
+    micro-batch (rows or a token budget: "micro-batches" above). Under torchrun each rank replays its share of the
+    rows and every rank gets all of them back, in row order. Positions past a row's response hold values the
+    response mask ignores."""
     num_rows, width, rows = len(rollout.prompts), rollout.response_ids.shape[1], []
     # A bar only on a terminal (of rank 0), and only when replay takes more than 2 s.
     bar = tqdm(micro_batches(rollout, cfg, world), desc="replay", leave=False, delay=2, file=sys.stderr,
                disable=None if world.is_main else True)
     for index, real in bar:
         micro = rollout.select(index).trimmed()  # up to its longest response only
-        logp = replay(model, micro, cfg)[0].float()  # [b, T or less]
-        logp = F.pad(logp, (0, width - logp.shape[1]))  # [b, T]
-        rows += list(zip(index, logp.cpu() if world.distributed else logp)) if real else []  # stand-ins dropped
-    return torch.stack(distributed.gather_indexed(rows, num_rows, world)).to(distributed.device_of(model))
+        values = torch.stack(replay(model, micro, cfg)[: 1 + entropy], 1).float()  # [b, 1 or 2, T or less]
+        values = F.pad(values, (0, width - values.shape[-1]))  # [b, 1 or 2, T]
+        rows += list(zip(index, values.cpu() if world.distributed else values)) if real else []  # stand-ins dropped
+    values = torch.stack(distributed.gather_indexed(rows, num_rows, world)).to(distributed.device_of(model))
+    return (values[:, 0], values[:, 1]) if entropy else values[:, 0]
 
 
-def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *,
-                  on_policy: bool = False) -> tuple[Episodes, dict[str, float] | None]:
+def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *, on_policy: bool = False,
+                  entropy: bool = False) -> tuple[Episodes, dict[str, float] | None, torch.Tensor | None]:
     """The update's input: old-policy (and reference) log-probs by replaying the recorded inputs, and the
     sampler-vs-replay mismatch of the response tokens (`mismatch_sums` of the whole batch: every rank holds
     every row's replay): the sampler / trainer drift, and what --rollout-is does with it.
 
     on_policy (one optimizer step on weights the rollout was sampled with): the old policy is the policy
     being updated, so its log-probs are the update forward's own, detached, and the no-grad replay is
-    skipped (a quarter of the update's compute; the mismatch is then measured in that forward: None here)."""
-    replayed = None
+    skipped (a quarter of the update's compute; the mismatch is then measured in that forward: None here).
+    entropy: also return the replayed old policy's entropies [N, T] (None when the replay is skipped)."""
+    replayed = old_entropy = None
     if not (on_policy and cfg.old_logp == "replay"):
         policy.eval()
-        replayed = replay_logprobs(policy, rollout, cfg, world)
+        replayed = replay_logprobs(policy, rollout, cfg, world, entropy=entropy)
+        replayed, old_entropy = replayed if entropy else (replayed, None)
     ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg, world)
     old_logp = rollout.logprobs.float() if cfg.old_logp == "rollout" else replayed
     mismatch = None if replayed is None else mismatch_sums(replayed, rollout.logprobs, rollout.response_mask(),
                                                            RolloutCorrection.of(cfg))
     episodes = Episodes(rollout=rollout, advantages=advantages.to(rollout.logprobs.device), old_logp=old_logp,
                         ref_logp=ref_logp, in_loss=rollout.finished if cfg.mask_truncated else None)
-    return episodes, mismatch
+    return episodes, mismatch, old_entropy
 
 
-def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -> dict:
+def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *,
+                       entropy_coef: float | None = None) -> dict:
     """Accumulates into .grad the gradient of the loss over all response tokens of `episodes` (aggregated as
     cfg.loss_agg says), cfg.micro_batch_size rows per forward / backward. Every micro-batch divides by the
     whole mini-batch's loss_normalizer, so the gradient does not depend on the split. Returns the metrics,
     or the loss alone with `"finite": False` if a micro-batch's loss was not finite (nothing more is
-    accumulated). cfg.micro_batch_tokens > 0: micro-batches under that token budget instead (see "micro-batches" above).
+    accumulated). cfg.micro_batch_tokens > 0: micro-batches under that token budget instead (see "micro-batches"
+    above). entropy_coef: this step's bonus coefficient (adaptive), in place of cfg's.
 
     Under torchrun each rank takes its share of the rows (in the same number of calls on every rank)
     and divides by the whole mini-batch's count, so FSDP's reduced gradient is the one-process gradient;
@@ -522,7 +496,9 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     # token-mean-per-rows: runs of rows are counted over the whole mini-batch, not per micro-batch.
     run_tokens = group_tokens(full_mask, cfg.loss_agg_rows) if cfg.loss_agg == "token-mean-per-rows" else None
     device = distributed.device_of(model)
-    correction = RolloutCorrection.of(cfg)
+    correction, settings = RolloutCorrection.of(cfg), LossSettings.of(cfg)
+    if entropy_coef is not None:
+        settings = replace(settings, entropy_coef=entropy_coef)
     totals: dict[str, float] = {}
     entropy_sum, finite, mismatch = 0.0, True, dict.fromkeys(MISMATCH_SUMS, 0.0)
     for index, real in micro_batches(episodes.rollout, cfg, world):
@@ -537,10 +513,13 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
         # Weights per row, from the row's own log-probs: the same whatever the micro-batch or the rank.
         is_weights = None if correction.mode == "none" else \
             importance_weights(old_logp, sampler_logp, response_mask, correction)[1]
+        if micro.pg_mask is not None:  # --top-entropy-quantile: the other tokens get no policy gradient
+            keep = micro.pg_mask.to(device).float()
+            is_weights = keep if is_weights is None else is_weights * keep
         with distributed.autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask,
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
-                                        settings=LossSettings.of(cfg), normalizer=normalizer.to(device),
+                                        settings=settings, normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
                                         run_tokens[index].to(device), is_weights=is_weights, entropy=entropy)
         if real and not torch.isfinite(loss):
@@ -562,7 +541,8 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World()) -
     return totals
 
 
-def optimize(policy, optimizer, episodes: Episodes, cfg, world: World = World()) -> tuple[dict, int]:
+def optimize(policy, optimizer, episodes: Episodes, cfg, world: World = World(), *,
+             entropy_coef: float | None = None) -> tuple[dict, int]:
     """ppo_epochs passes of mini-batch updates (mini_batch_prompts groups each, grad-norm clipped). A
     mini-batch whose loss or gradient is not finite is skipped. Returns (metric -> values per update, skipped)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -573,7 +553,8 @@ def optimize(policy, optimizer, episodes: Episodes, cfg, world: World = World())
     for start in tqdm(starts, desc="update", unit="minibatch", leave=False, delay=2, file=sys.stderr,
                       disable=None if world.is_main else True):
         optimizer.zero_grad(set_to_none=True)
-        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg, world)
+        result = backward_minibatch(policy, episodes.rows(slice(start, start + per_minibatch)), cfg, world,
+                                    entropy_coef=entropy_coef)
         grad_norm = distributed.clip_grad_norm(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         if not result.pop("finite") or not torch.isfinite(grad_norm):
             skipped += 1  # a non-finite loss or gradient: no update from this mini-batch
@@ -600,18 +581,33 @@ def scheduled_lr(cfg, step: int, total_steps: int) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg,
-           world: World = World()) -> tuple[dict, int]:
-    """One rollout batch's whole update: group advantages -> replayed old / reference log-probs -> ppo_epochs
-    of clipped mini-batch steps. Returns (metric -> mean over the optimizer steps, with the sampler-vs-replay
-    mismatch of the whole batch (MISMATCH_METRICS, `mismatch_metrics`); mini-batches skipped)."""
-    virtual_count = cfg.virtual_max_count if cfg.adv_estimator == "negative" else 0
-    advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps,
-                                  virtual_count=virtual_count, virtual_reward=cfg.virtual_max_reward)
-    on_policy = cfg.ppo_epochs == 1 and len(rollout.prompts) <= cfg.mini_batch_prompts * cfg.group_size
-    episodes, mismatch = make_episodes(policy, reference, rollout, advantages, cfg, world, on_policy=on_policy)
-    per_step, skipped = optimize(policy, optimizer, episodes, cfg, world)
+def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg, world: World = World(),
+           entropy_control: EntropyControl | None = None) -> tuple[dict, int]:
+    """One rollout batch's whole update: replayed old / reference log-probs -> advantages (--adv-estimator, of the
+    rewards less the KL with --kl-in-reward) -> ppo_epochs of clipped mini-batch steps. Returns (metric -> mean over
+    the optimizer steps, with the sampler-vs-replay mismatch of the whole batch (MISMATCH_METRICS,
+    `mismatch_metrics`); mini-batches skipped). entropy_control: the bonus's coefficient (adaptive: its state
+    moves on one step here); None = --entropy-coef."""
+    control = entropy_control or EntropyControl.of(cfg)
+    # The old policy's log-probs and entropies before any step: the KL in the reward, the top-entropy tokens, e_k.
+    needs_old = cfg.kl_in_reward or cfg.top_entropy_quantile < 1 or control.adaptive
+    on_policy = cfg.ppo_epochs == 1 and len(rollout.prompts) <= cfg.mini_batch_prompts * cfg.group_size \
+        and not needs_old
+    episodes, mismatch, old_entropy = make_episodes(policy, reference, rollout, torch.zeros_like(rewards), cfg, world,
+                                                    on_policy=on_policy, entropy=needs_old)
+    mask, extra = episodes.loss_mask(), {}
+    if cfg.kl_in_reward and episodes.ref_logp is not None:
+        penalty = kl_penalty(episodes.old_logp, episodes.ref_logp, mask.to(episodes.old_logp.device), cfg).cpu()
+        rewards, extra["kl_in_reward"] = rewards - penalty.to(rewards.dtype), float(penalty.mean())
+    episodes.advantages = advantages_of(rewards, rollout.lengths.cpu(), cfg).to(rollout.logprobs.device)
+    if cfg.top_entropy_quantile < 1:
+        episodes.pg_mask = high_entropy_mask(old_entropy, mask.to(old_entropy.device), cfg.top_entropy_quantile)
+        extra["pg_token_frac"] = float(episodes.pg_mask.sum() / mask.sum().clamp_min(1))
+    if control.adaptive:
+        mean_entropy = float((old_entropy * mask.to(old_entropy.device)).sum() / mask.sum().clamp_min(1))
+        extra["entropy_coef"] = control.step(mean_entropy)
+    per_step, skipped = optimize(policy, optimizer, episodes, cfg, world, entropy_coef=extra.get("entropy_coef"))
     result = {key: sum(values) / len(values) for key, values in per_step.items()}
     if mismatch is not None and result:  # empty when every mini-batch was skipped, which train.py counts
         result.update(mismatch_metrics(mismatch))
-    return result, skipped
+    return ({**result, **extra} if result else result), skipped

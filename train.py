@@ -41,6 +41,7 @@ from data import (
     tokenize_problems,
 )
 from engine.decoder import release_decoder
+from estimators import EntropyControl
 from grading.grader import surely_equal
 from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
@@ -90,6 +91,7 @@ class Run:
     summary: dict = field(default_factory=dict)
     metrics_path: Path | None = None  # OUT/metrics.jsonl on rank 0 (None elsewhere), set when the run begins
     watch: Watch = field(default_factory=Watch)
+    entropy: EntropyControl = field(default_factory=EntropyControl)  # the bonus's coefficient (adaptive: its state)
 
     def refresh_sampler(self) -> None:  # after every update
         if lora.has_adapters(self.policy):  # the sampler decodes with the merged weights, W + scale B A
@@ -200,7 +202,7 @@ def train_on(r: Run, groups: Groups, step: int, max_steps: int) -> tuple[dict, i
     for group in r.optimizer.param_groups:
         group["lr"] = scheduled_lr(r.cfg, step, max_steps)
     result, skipped = ({}, 0) if not len(groups.trained.prompts) else update(
-        r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, r.cfg, r.world)
+        r.trainer, r.reference, r.optimizer, groups.trained, groups.trained_rewards, r.cfg, r.world, r.entropy)
     r.refresh_sampler()
     return result, skipped
 
@@ -640,18 +642,14 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     if cfg.freeze_embeddings:
         policy.embed_tokens.weight.requires_grad_(False)
     problems, held_out, dropped = load_training_data(cfg, tokenizer)
-    try:
-        val_sets = evaluation.render_prompts(evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None, flag=
-                                                                        "--val-data"), tokenizer, cfg.instruction) \
-            if cfg.val_data else []
-    except DataError as error:
-        raise RunError(str(error)) from None
     try:  # the last checks, before anything in --out-dir is deleted or written
+        benchmarks = evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None, flag="--val-data")  # [] if none
+        val_sets = evaluation.render_prompts(benchmarks, tokenizer, cfg.instruction)
         exploration = exploration_from_config(cfg, tokenizer)
         pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
                           timeout_s=cfg.reward_timeout_s, rel_tol=cfg.rel_tol)
         check_report_to(cfg.report_to)
-    except (ImportError, ValueError) as error:  # a bad strategy setting or --reward, optional packages missing
+    except (ImportError, ValueError) as error:  # a bad --val-data, strategy setting or --reward; a package missing
         raise RunError(str(error)) from None
     if world.is_main:  # the other ranks only read what rank 0 writes
         if cfg.resume and not checkpoint_dirs(out_dir):
@@ -673,7 +671,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     return Run(cfg=cfg, world=world, out_dir=out_dir, device=device, tokenizer=tokenizer, policy=policy,
                trainer=trainer, sampler=policy, optimizer=optimizer, problems=problems, held_out=held_out,
                batcher=PromptBatcher(problems, cfg.prompts_per_step, seed=cfg.seed), pool=pool, sampling=sampling,
-               exploration=exploration, val_sets=val_sets, tracker=tracker,
+               exploration=exploration, val_sets=val_sets, tracker=tracker, entropy=EntropyControl.of(cfg),
                summary={"prompts": len(problems), "prompts_dropped": dropped})
 
 
@@ -759,7 +757,7 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
     r.batcher.load_state_dict(state["batcher"])
     torch.set_rng_state(state["torch_rng"].cpu())
     random.setstate(state["python_rng"])
-    r.watch = state.get("watch", r.watch)
+    r.watch, r.entropy = state.get("watch", r.watch), state.get("entropy", r.entropy)
     if r.world.is_main:  # what the run's first start found (held-out accuracy before RL, the warm start) stays;
         earlier = read_summary(r.out_dir)  # what an earlier end found is found again at this run's end
         r.summary = {**{k: v for k, v in earlier.items() if k not in END_OF_RUN}, **r.summary}

@@ -205,7 +205,7 @@ def save_checkpoint(r, step: int) -> None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
             torch.save({"step": step, "batcher": r.batcher.state_dict(), "torch_rng": torch.get_rng_state(),
                         "python_rng": random.getstate(), "neighbor_table": r.table, "world_size": r.world.size,
-                        "watch": r.watch},
+                        "watch": r.watch, "entropy": r.entropy},
                        tmp / "trainer_state.pt")
             r.cfg.save_json(tmp / "config.json.run")
             write_manifest(tmp)  # last: a checkpoint whose files differ from it is skipped by --resume

@@ -472,11 +472,22 @@ def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(neighb
     assert_same_run(outputs(tmp_path / "two", 2), outputs(neighbor_runs / "one", 2), steps=2)
 
 
-def test_two_processes_train_like_one_without_exploration(tmp_path):
-    with running(start_train_run(tmp_path / "two", 2, "none", 2)) as two:
-        train_here(tmp_path / "one", "none", 2)
+# Every loss-side flag at once (docs/estimators.md): each row's advantage, KL and token mask depend on the whole
+# batch (pass@k ranks a group, the KL penalty shapes rewards, the entropy quantile and the adaptive coefficient are
+# batch-wide), so each rank must see every row's replay.
+LOSS_SIDE = dict(adv_estimator="passk", pass_k=2, kl_estimator="k2", kl_in_reward=True, top_entropy_quantile=0.5,
+                 entropy_coef=0.01, entropy_target=50.0, entropy_coef_delta=0.004)
+
+
+def test_two_processes_train_like_one_without_exploration_and_with_every_loss_side_flag(tmp_path):
+    with running(start_train_run(tmp_path / "two", 2, "none", 2, **LOSS_SIDE)) as two:
+        train_here(tmp_path / "one", "none", 2, **LOSS_SIDE)
     finished_run(two)
-    assert_same_run(outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2), steps=2)
+    got, expected = outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2)
+    assert_same_run(got, expected, steps=2)
+    assert [m["entropy_coef"] for m in expected["metrics"][:2]] == [0.0, 0.004]  # c_0 = 0, then c_0 + delta
+    assert all(0.5 <= m["pg_token_frac"] < 0.6 for m in expected["metrics"][:2])
+    assert [m["kl_in_reward"] > 0 for m in expected["metrics"][:2]] == [False, True]  # step 1: policy = reference
 
 
 def resumed_copy(neighbor_runs: Path, name: str) -> Path:

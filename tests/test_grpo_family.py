@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import estimators
 import ngrpo
 import train
 from config import PRESETS, Config, parse_config, preset
@@ -41,7 +42,7 @@ def assert_close(actual, expected, tol=1e-6):
 
 
 def negative(rewards, group_size):
-    return ngrpo.group_advantages(torch.tensor(rewards), group_size, virtual_count=1, virtual_reward=1.0)
+    return estimators.group_advantages(torch.tensor(rewards), group_size, virtual_count=1, virtual_reward=1.0)
 
 
 def test_calibrated_all_wrong_group_gets_negative_advantages():
@@ -66,8 +67,9 @@ def test_batch_scale_divides_group_centred_rewards_by_the_batch_std():
     rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
     std = math.sqrt(8 * 0.25 / 7)
     centred = [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, -0.75, 0.25]
-    assert_close(ngrpo.group_advantages(torch.tensor(rewards), 4, scale="batch"), [c / (std + 1e-6) for c in centred])
-    assert_close(ngrpo.group_advantages(torch.tensor(rewards), 4, scale="none"), centred)
+    assert_close(estimators.group_advantages(torch.tensor(rewards), 4, scale="batch"),
+                 [c / (std + 1e-6) for c in centred])
+    assert_close(estimators.group_advantages(torch.tensor(rewards), 4, scale="none"), centred)
 
 
 # ------------------------------------------------------------------------------ clip-higher and aggregation

@@ -1,16 +1,22 @@
 """The loss side of exploration (issue 44): the entropy bonus takes its gradient through the chunked log-prob pass,
-and moves weights that nothing else would move."""
+and moves weights that nothing else would move; the top-entropy tokens, the KL in the reward and the adaptive
+coefficient, each against values worked out by hand or a brute-force loss from plain forwards."""
 
+import copy
 import json
+import math
 from dataclasses import replace
 
+import pytest
 import torch
 
 import ngrpo
 import train
-from config import preset
+from config import Config, preset
 from engine.logprobs import token_logprobs
+from estimators import EntropyControl, high_entropy_mask, kl_penalty
 from model import TINY_CONFIG, load_model, random_model
+from rollout import Sampling, generate
 from runtime.diagnostics import LearningSignal
 
 
@@ -77,3 +83,86 @@ def test_a_run_that_learns_says_nothing():
     assert [signal.observe(steady) for _ in range(10)] == [None] * 10
     bad = {"zero_variance_groups": 1.0, "truncated_frac": 0.1}
     assert [signal.observe(m) is None for m in (bad, bad, steady, bad, bad)] == [True] * 5  # never 3 in a row
+
+
+# ----------------------------------------------------------------------------- the top-entropy tokens
+
+
+def test_high_entropy_mask_keeps_the_top_fraction_of_the_batch_by_hand():
+    entropy = torch.tensor([[0.1, 0.9, 0.5, 0.7], [0.3, 0.2, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False]])  # the 5.0s are padding
+    assert high_entropy_mask(entropy, mask, 0.5).tolist() == [[False, True, True, True], [False] * 4]  # 3 of 6
+    assert high_entropy_mask(entropy, mask, 0.2).tolist() == [[False, True, False, True], [False] * 4]  # ceil(1.2)
+    assert high_entropy_mask(entropy, mask, 1.0).tolist() == mask.tolist()
+    assert high_entropy_mask(entropy, mask, 0.01).sum() == 1  # at least one token
+    tied = torch.tensor([[0.5, 0.5, 0.5, 0.1]])
+    assert high_entropy_mask(tied, torch.ones(1, 4, dtype=torch.bool), 0.25).tolist() == [[True, True, True, False]]
+
+
+def test_the_kl_penalty_sums_each_responses_tokens_by_hand():
+    old, ref = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]]), torch.tensor([[-2.0, -2.0, 0.0], [0.0] * 3])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    cfg = replace(Config(), kl_coef=0.5, kl_estimator="k1")
+    assert torch.allclose(kl_penalty(old, ref, mask, cfg), torch.tensor([0.5 * (1.0 + 0.0), 0.5 * -1.0]))
+    cfg = replace(cfg, kl_estimator="k3")  # d = ref - old: -1, 0 | 1
+    assert torch.allclose(kl_penalty(old, ref, mask, cfg), torch.tensor([0.5 * math.exp(-1), 0.5 * (math.e - 2)]))
+
+
+def test_the_adaptive_coefficient_follows_skywork_or1s_rule_by_hand():
+    control = EntropyControl(max_coef=0.015, target=0.2, delta=0.01)
+    # e_k:  0.1 (c 0 -> 0.01)   0.1 (0.01 -> 0.015, the ceiling)   0.5 (above: off, 0.015 -> 0.005)   0.2 (= target)
+    assert [control.step(e) for e in (0.1, 0.1, 0.5, 0.2)] == pytest.approx([0.0, 0.01, 0.0, 0.005], abs=1e-12)
+    assert control.coef == pytest.approx(0.005, abs=1e-12)  # at the target it stays
+    assert [EntropyControl(max_coef=0.03).step(e) for e in (0.1, 9.0)] == [0.03, 0.03]  # fixed
+
+
+def brute_force_update_gradient(policy, reference, rollout, rewards, cfg) -> dict:
+    """The loss of --adv-estimator rloo, --kl-in-reward with k3, --top-entropy-quantile and a fixed
+    --entropy-coef, token by token from one plain forward per row (full logits), and its gradient."""
+    policy = copy.deepcopy(policy)
+    rows = []
+    for row, prompt in enumerate(rollout.prompts):
+        n = int(rollout.lengths[row])
+        ids = torch.tensor([prompt + rollout.response_ids[row, :n].tolist()])
+        at = [len(prompt) - 1 + t for t in range(n)]
+        tokens = rollout.response_ids[row, :n]
+        log_probs = policy(ids)[0].float().log_softmax(-1)[at]  # [n, V]
+        with torch.no_grad():
+            ref = reference(ids)[0].float().log_softmax(-1)[at].gather(-1, tokens[:, None])[:, 0]
+        rows.append((log_probs.gather(-1, tokens[:, None])[:, 0], ref, -(log_probs.exp() * log_probs).sum(-1)))
+    shaped = []
+    for (logp, ref, _), r in zip(rows, rewards.tolist()):
+        d = ref - logp.detach()
+        shaped.append(r - cfg.kl_coef * float((d.exp() - d - 1).sum()))
+    G = cfg.group_size
+    advantages = [(shaped[i] - sum(shaped[g * G: g * G + G]) / G) * G / (G - 1) for g in range(len(shaped) // G)
+                  for i in range(g * G, g * G + G)]
+    entropies = sorted((float(h) for _, _, h in rows for h in h.detach()), reverse=True)
+    threshold = entropies[math.ceil(cfg.top_entropy_quantile * len(entropies)) - 1]
+    total = 0.0
+    for (logp, _, entropy), a in zip(rows, advantages):
+        ratio = torch.exp(logp - logp.detach())  # 1, with the gradient of log p
+        kept = (entropy.detach() >= threshold).float()
+        total = total + (-a * ratio * kept).sum() - cfg.entropy_coef * entropy.sum()
+    (total / len(entropies)).backward()
+    return {name: p.grad for name, p in policy.named_parameters()}
+
+
+def test_the_loss_side_update_equals_a_brute_force_loss():
+    policy, reference = random_model(TINY_CONFIG, seed=0), random_model(TINY_CONFIG, seed=1)
+    prompts = [[5, 9, 2]] * 4 + [[7, 1, 4, 4, 8]] * 4
+    rollout = generate(policy, prompts, Sampling(max_new_tokens=10, stop_ids=tuple(range(0, 262, 9))), seed=3)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    cfg = replace(Config(), adv_estimator="rloo", kl_coef=0.5, kl_estimator="k3", kl_in_reward=True,
+                  top_entropy_quantile=0.4, entropy_coef=0.03, loss_agg="token-mean", micro_batch_size=3,
+                  grad_clip=0.0, mini_batch_prompts=2, prompts_per_step=2)
+    expected = brute_force_update_gradient(policy, reference, rollout, rewards, cfg)
+    trained = copy.deepcopy(policy)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=1.0)  # one step: the weights move by -gradient
+    metrics, skipped = ngrpo.update(trained, reference, optimizer, rollout, rewards, cfg)
+    assert skipped == 0 and 0.4 <= metrics["pg_token_frac"] < 0.45 and metrics["kl_in_reward"] > 0
+    before = dict(policy.named_parameters())
+    for name, p in trained.named_parameters():
+        if expected[name] is None:  # frozen (the input embeddings)
+            continue
+        assert torch.allclose(before[name] - p.detach(), expected[name], atol=2e-6), name

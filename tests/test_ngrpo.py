@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import estimators
 import model as M
 import ngrpo
 import replay
@@ -68,23 +69,23 @@ def test_advantages_are_centred_and_divided_by_the_unbiased_group_std():
     expected = ([0.75 / (std1 + 1e-6)] + [-0.25 / (std1 + 1e-6)] * 3
                 + [d / (std2 + 1e-6) for d in (-0.5, 0.5, 0.5, -0.5)])
     assert std1 == 0.5
-    assert_close(ngrpo.group_advantages(rewards, 4), expected)
+    assert_close(estimators.group_advantages(rewards, 4), expected)
 
 
 def test_a_group_with_equal_rewards_gets_zero_advantage():
-    advantages = ngrpo.group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 4)
+    advantages = estimators.group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 4)
     assert advantages.tolist() == [0.0] * 8
 
 
 def test_a_group_of_one_gets_zero_advantage():
-    advantages = ngrpo.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1)
+    advantages = estimators.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1)
     assert advantages.tolist() == [0.0, 0.0, 0.0]  # not NaN: the std of one sample is undefined
 
 
 def test_advantage_scale_none_only_centres():
-    advantages = ngrpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0]), 2, scale="none")
+    advantages = estimators.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0]), 2, scale="none")
     assert_close(advantages, [0.5, -0.5, 0.0, 0.0, 1.0, -1.0])
-    assert_close(ngrpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, scale="none"),
+    assert_close(estimators.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, scale="none"),
                  [0.75, -0.25, -0.25, -0.25])
 
 
@@ -195,7 +196,7 @@ def test_gspo_clips_the_sequence_ratio_not_each_token():
 @pytest.mark.parametrize("d", [0.5, -0.5, 0.0, 2.0, -5.0])
 def test_k3_kl_is_exp_d_minus_d_minus_one(d):
     logp = torch.tensor([-1.0], requires_grad=True)
-    kl = ngrpo.k3_kl(logp, torch.tensor([-1.0 + d]))
+    kl = estimators.k3_kl(logp, torch.tensor([-1.0 + d]))
     assert_close(kl, [math.exp(d) - d - 1])
     kl.sum().backward()
     assert_close(logp.grad, [-(math.exp(d) - 1)], tol=1e-5)  # d = ref - logp: dk3/dlogp = -(e^d - 1)
@@ -206,7 +207,7 @@ def test_k3_kl_clamps_inside_and_out():
     # d = 3: e^3 - 4 = 16.09 -> 10 (the result clamp alone).  d = -9: e^-9 + 8 = 8.0001, under the clamp.
     d = [30.0, -30.0, 3.0, -9.0]
     logp = torch.zeros(4, requires_grad=True)
-    kl = ngrpo.k3_kl(logp, torch.tensor(d))
+    kl = estimators.k3_kl(logp, torch.tensor(d))
     assert math.exp(20) - 21 > 10 and math.exp(-20) + 19 > 10
     assert_close(kl, [10.0, 10.0, 10.0, math.exp(-9) + 8])
     kl.sum().backward()
@@ -453,7 +454,7 @@ def test_on_policy_update_skips_the_replay_and_has_the_replayed_gradient(tiny, m
     grads, metrics = {}, {}
     for on_policy in (False, True):
         trained = copy.deepcopy(model)
-        episodes, gap = ngrpo.make_episodes(trained, None, rollout, advantages, config, on_policy=on_policy)
+        episodes, gap, _ = ngrpo.make_episodes(trained, None, rollout, advantages, config, on_policy=on_policy)
         assert (episodes.old_logp is None) == on_policy and (gap is None) == on_policy
         trained.zero_grad(set_to_none=True)
         metrics[on_policy] = ngrpo.backward_minibatch(trained, episodes, config)

@@ -279,7 +279,7 @@ def test_on_policy_update_weighs_and_measures_like_the_replayed_one(perturbed_ep
     grads, metrics = {}, {}
     for on_policy in (False, True):
         trained = copy.deepcopy(model)
-        episodes, mismatch = ngrpo.make_episodes(trained, None, rollout, advantages, config, on_policy=on_policy)
+        episodes, mismatch, _ = ngrpo.make_episodes(trained, None, rollout, advantages, config, on_policy=on_policy)
         metrics[on_policy] = ngrpo.backward_minibatch(trained, episodes, config)
         if mismatch is not None:
             metrics[on_policy].update(mismatch_metrics(mismatch))

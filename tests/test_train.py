@@ -45,7 +45,7 @@ from dataclasses import replace
 sys.path.insert(0, {root!r})
 import torch
 torch.set_num_threads(1)
-import ngrpo, train
+import estimators, train
 from config import preset
 from data import load_problems, load_tokenizer, tiny_tokenizer, tokenize_problems
 from model import TINY_CONFIG, random_model, save_model
@@ -63,8 +63,8 @@ save_model(model, out + "/warm", tokenizer)
 rl = replace(preset("demo"), model=out + "/warm", tokenizer=out + "/warm", sft_steps=0, eval_every=0,
              log_completions_every=0)
 learn = train.run(replace(rl, out_dir=out + "/learn", max_steps={learn_steps}))
-real = ngrpo.group_advantages  # the loss points the right way: pushing against the advantage must unlearn
-ngrpo.group_advantages = lambda *args, **kwargs: -real(*args, **kwargs)
+real = estimators.ADVANTAGES["grpo"]  # the loss points the right way: pushing against the advantage must unlearn
+estimators.ADVANTAGES["grpo"] = lambda *args, **kwargs: -real(*args, **kwargs)
 unlearn = train.run(replace(rl, out_dir=out + "/unlearn", max_steps={unlearn_steps}))
 print(json.dumps({{"warm": warm, "learn": learn, "unlearn": unlearn}}, default=str))
 """
@@ -134,10 +134,16 @@ def read_metrics(run_dir: Path) -> list[dict]:
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_resume_continues_exactly(tmp_path, one_thread):
-    straight = tiny(tmp_path, out_dir=str(tmp_path / "straight"), max_steps=4, save_every=2)
+# The loss side's flags at once: the adaptive entropy coefficient is state a resumed run must carry on.
+LOSS_SIDE = dict(adv_estimator="rloo", kl_coef=0.02, kl_estimator="k3", kl_in_reward=True, top_entropy_quantile=0.3,
+                 entropy_coef=0.02, entropy_target=50.0, entropy_coef_delta=0.005)
+
+
+@pytest.mark.parametrize("flags", [{}, LOSS_SIDE], ids=["defaults", "loss-side-flags"])
+def test_resume_continues_exactly(tmp_path, one_thread, flags):
+    straight = tiny(tmp_path, out_dir=str(tmp_path / "straight"), max_steps=4, save_every=2, **flags)
     train.run(straight)
-    cut = tiny(tmp_path, out_dir=str(tmp_path / "cut"), max_steps=2, save_every=2)
+    cut = tiny(tmp_path, out_dir=str(tmp_path / "cut"), max_steps=2, save_every=2, **flags)
     train.run(cut)
     train.run(replace(cut, max_steps=4, resume=True))
     assert read_metrics(tmp_path / "cut") == read_metrics(tmp_path / "straight")
