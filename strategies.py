@@ -10,9 +10,11 @@ returns the step's record and the next input (`Mixture`; the paper's mixing, ste
     e   = sum_c w_c E[c] if m else E[y]           (`gaussian`: + N(0, (sigma * rms)^2) at mixed steps)
 
 `mixed_embeddings` is the one formula for e that the sampler feeds and training replays (replay.py). Each strategy
-is one function, registered in EXPLORERS: `none` (GRPO), `neighbor` (N-GRPO), `soft` (Soft Thinking), `gaussian`
-(STHT-style), and the release's others (`topk`, `topk-gumbel`, `gaussian_embed_noise`, `orthogonal_noise`). A
-strategy needs no state beyond the step, so the decode step (CUDA graph included) takes whatever vector it feeds.
+is one function, registered in STRATEGIES: `none` (GRPO), `neighbor` (N-GRPO), `soft` (Soft Thinking, with Cold
+Stop), `soft-gumbel` (Randomized Soft Thinking), `mixinputs` (Mixture of Inputs), `gaussian` (STHT-style), and the
+release's others (`topk`, `topk-gumbel`, `gaussian_embed_noise`, `orthogonal_noise`). Per-row state a strategy
+keeps (Cold Stop's counter) is a declared field the engine holds in each slot, so the decode step (CUDA graph
+included) takes whatever vector it feeds.
 
 Randomness is counter-based: every random number of a rollout is a hash of (seed, stream, row key, position,
 index), computed with int64 tensor ops. A torch.Generator's draws depend on the order in which they are taken, so
@@ -29,8 +31,9 @@ The hash is splitmix64 (Steele, Lea, Flood 2014): a stream's state is the mix of
 position), and its n outputs are mix64(state + i * golden) for i = 1..n, as splitmix64 itself steps.
 """
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -174,6 +177,10 @@ class Exploration:
     noise_sigma: float = 0.33  # gaussian / gaussian_embed_noise: noise std as a fraction of the input's RMS
     feed: str = "sampler"  # sampler: feed the mixture; replay-only: record it but feed E[y] (docs/algorithm.md)
     stop_mixing_id: int | None = None  # no mixing at or after the step that samples this id (</think>)
+    mixinputs_beta: float = 1.0  # mixinputs: the sampled token's concentration beta; <= -99: the direct mixture
+    gumbel_temperature: float = 0.5  # soft-gumbel: the Gumbel-softmax temperature
+    cold_stop_entropy: float = 0.0  # soft / soft-gumbel: Cold Stop's entropy threshold in nats (0 = off)
+    cold_stop_steps: int = 256  # ... and the steps in a row under it that end thinking (force stop_mixing_id)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -186,9 +193,15 @@ class Exploration:
                 and self.noise_sigma >= 0 and self.mix_entropy_threshold >= 0):
             raise ValueError("exploration needs 0 <= mix_rate <= 1, num_neighbors >= 1, top_k >= 1, "
                              "noise_sigma >= 0, mix_entropy_threshold >= 0")
-        if self.mix_entropy_threshold > 0 and self.strategy in ("none", "soft"):
+        if self.mix_entropy_threshold > 0 and self.strategy in NO_COIN:
             raise ValueError(f"the {self.strategy} strategy has no mixing coin for an entropy threshold "
                              "to replace")
+        if not (self.gumbel_temperature > 0 and self.cold_stop_entropy >= 0 and self.cold_stop_steps >= 1
+                and (self.mixinputs_beta >= 0 or self.mixinputs_beta <= -99)):
+            raise ValueError("exploration needs gumbel_temperature > 0, cold_stop_entropy >= 0, "
+                             "cold_stop_steps >= 1, mixinputs_beta >= 0 (or <= -99: the direct mixture)")
+        if self.cold_stop_entropy > 0 and (self.strategy not in COLD_STOP or self.stop_mixing_id is None):
+            raise ValueError("Cold Stop forces stop_mixing_id (</think>): it needs one, and soft or soft-gumbel")
 
     @property
     def num_candidates(self) -> int:
@@ -247,6 +260,7 @@ class StepView:
     cand_table: torch.Tensor | None  # [V, 1 + num_neighbors] (candidate_table), neighbor strategy only
     draws: RowDraws  # this step's per-row random numbers; a strategy takes its own stream (RowDraws, above)
     state: dict[str, torch.Tensor]  # name -> [B]: the strategy's declared per-row state (Strategy.state), in place
+    raw: torch.Tensor  # [B, V] the model's logits as they came: no temperature, no filtering
 
 
 @dataclass
@@ -258,6 +272,7 @@ class Mixture:
     mixed: torch.Tensor  # [B] bool
     inputs: torch.Tensor  # [B, d] in the embedding's dtype
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # the strategy's own record fields, [B] or [B, K]
+    token: torch.Tensor | None = None  # [B] the action where the strategy replaces the sampled y (Cold Stop)
 
 
 def mix_where(view: StepView, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
@@ -295,10 +310,62 @@ def explore_neighbor(view: StepView) -> Mixture:
     return mix_where(view, cand_ids, cand_weights, mix_steps(view))
 
 
-def explore_soft(view: StepView) -> Mixture:
-    """Soft Thinking: every thinking step feeds the top-k mixture of p."""
+def cold_stop(view: StepView) -> StepView:
+    """Soft Thinking's Cold Stop (its sglang `Req.update_topk_info`): a thinking row counts its steps in a row whose
+    entropy H(softmax(z / tau)) (nats, unfiltered) is under cold_stop_entropy; the step that brings the count to
+    cold_stop_steps emits stop_mixing_id (</think>) in place of its sample, unmixed, and the count restarts. The
+    view with that action and those rows no longer eligible (off: the view itself)."""
     x = view.exploration
-    return mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
+    if x.cold_stop_entropy <= 0:
+        return view
+    probs = (view.raw.float() / view.temperature).softmax(-1)  # [B, V]
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
+    low = view.state["low_entropy_steps"]  # [B], the slot's own counter: updated in place
+    counted = torch.where(entropy < x.cold_stop_entropy, low + 1, 0)
+    low.copy_(torch.where(view.eligible, counted, low))  # past thinking (or no row): kept, and never read
+    stop = view.eligible & (low >= x.cold_stop_steps)
+    low.masked_fill_(stop, 0)
+    return replace(view, token=torch.where(stop, x.stop_mixing_id, view.token), eligible=view.eligible & ~stop)
+
+
+def explore_soft(view: StepView) -> Mixture:
+    """Soft Thinking: every thinking step feeds the top-k mixture of p (Cold Stop may end thinking)."""
+    x = view.exploration
+    view = cold_stop(view)  # the action: the sample, or Cold Stop's </think>
+    mixture = mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
+    return replace(mixture, token=view.token if x.cold_stop_entropy > 0 else None)
+
+
+def explore_soft_gumbel(view: StepView) -> Mixture:
+    """Randomized Soft Thinking (arXiv 2508.03440): every thinking step feeds the top-k tokens of p weighted
+    w = softmax((log q + g) / tau_g), q = p renormalised over them, g = -log(-log u) a Gumbel draw per candidate
+    from the row's GUMBEL stream; the record holds w (Cold Stop may end thinking)."""
+    x = view.exploration
+    view = cold_stop(view)
+    cand_ids, q = soft_candidates(view.probs, x.top_k)  # [B, K] each
+    gumbel = -(-view.draws.uniform(GUMBEL, x.top_k).log()).log()  # [B, K] float64
+    weights = ((q.log() + gumbel.float()) / x.gumbel_temperature).softmax(-1)
+    return replace(mix_where(view, cand_ids, weights, view.eligible), token=view.token if x.cold_stop_entropy else None)
+
+
+MIXINPUTS_CANDIDATES = 20  # the prior's support: vLLM's 20 logprobs the authors' runner asks for by default
+
+
+def explore_mixinputs(view: StepView) -> Mixture:
+    """Mixture of Inputs (arXiv 2505.14827; the authors' vLLM `gpu_model_runner.py`): every eligible step feeds
+    H_n sum_c (q_c + beta [c = y]) / (1 + beta) E[c] + (1 - H_n) E[y] over the 20 tokens c of highest raw logit
+    (vLLM's logprobs: no temperature, no filter), q = their renormalised p, H_n = H(q) / log 20 (beta <= -99:
+    their direct mixture sum_c q_c E[c]). Recorded as [c_1..c_20, y] with those weights."""
+    beta = view.exploration.mixinputs_beta
+    top_logits, top_ids = view.raw.float().topk(min(MIXINPUTS_CANDIDATES, view.raw.shape[-1]), dim=-1)  # [B, n]
+    prior = top_logits.softmax(-1)
+    entropy = -(prior * prior.clamp_min(1e-12).log()).sum(-1, keepdim=True) / math.log(prior.shape[-1])  # [B, 1]
+    posterior = (prior + beta * (top_ids == view.token[:, None]).float()) / (1 + beta)
+    weights, own = (entropy * posterior, 1 - entropy) if beta > -99 else (prior, torch.zeros_like(entropy))
+    spare = MIXINPUTS_CANDIDATES - prior.shape[-1]  # > 0 only for a vocabulary under 20: weight-0 copies of y
+    cand_ids = torch.cat([top_ids, view.token[:, None].expand(-1, spare + 1)], dim=-1)  # [B, 21]
+    cand_weights = torch.cat([weights, torch.zeros_like(prior[:, :1]).expand(-1, spare), own], dim=-1)
+    return mix_where(view, cand_ids, cand_weights, view.eligible)
 
 
 def with_noise(mixture: Mixture, where: torch.Tensor, sigma: float, draws: RowDraws) -> Mixture:
@@ -464,19 +531,24 @@ class Strategy:
 
 
 NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.float32, pad=0.0))  # std 0 = none
+COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
+
+NO_COIN, COLD_STOP = ("none", "soft", "soft-gumbel", "mixinputs"), ("soft", "soft-gumbel")  # no mixing coin; Cold Stop
 
 # --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
 # own module), give Exploration the knobs it reads. The sampler, the engine and the replay do not change.
 STRATEGIES: dict[str, Strategy] = {
     "none": Strategy(explore_none, candidates=lambda x: 1),
     "neighbor": Strategy(explore_neighbor, candidates=lambda x: 1 + x.num_neighbors),
-    "soft": Strategy(explore_soft),
+    "soft": Strategy(explore_soft, state=COLD_STOP_STATE),
     "gaussian": Strategy(explore_gaussian),
     "topk": Strategy(explore_topk),
     "topk-gumbel": Strategy(explore_topk_gumbel),
     "gaussian_embed_noise": Strategy(explore_gaussian_embed_noise),
     "orthogonal_noise": Strategy(explore_orthogonal_noise, candidates=lambda x: 1, record=NOISE_RECORD,
                                  feed=noisy_mixture_inputs),
+    "soft-gumbel": Strategy(explore_soft_gumbel, state=COLD_STOP_STATE),
+    "mixinputs": Strategy(explore_mixinputs, candidates=lambda x: MIXINPUTS_CANDIDATES + 1),
 }
 
 

@@ -35,7 +35,7 @@ def step_view(exploration: Exploration, z_rows: list[list[float]], *, tau: float
     draws = RowDraws(seed, torch.arange(B), torch.zeros(B, dtype=torch.long))
     return StepView(exploration, torch.tensor(z_rows) / tau, probs.float(), torch.full((B,), 4),
                     torch.ones(B, dtype=torch.bool), torch.full((B,), coin, dtype=torch.float64), tau, embed,
-                    None, draws, {})
+                    None, draws, {}, torch.tensor(z_rows))
 
 
 @pytest.mark.parametrize("tau, t", [(1.0, 0.0), (1.0, 0.7), (0.5, 1.0)])
