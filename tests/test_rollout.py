@@ -357,7 +357,8 @@ def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian", "topk-gumbel"])
+@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian", "topk-gumbel", "soft-gumbel",
+                                      "mixinputs"])
 def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)
