@@ -662,7 +662,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))  # only rank 0 reports
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
                         max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
                         pad_id=pad_id_of(tokenizer))
     trainer = distributed.shard_model(policy, world)
