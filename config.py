@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from data import MATH_INSTRUCTION
+from runtime.lora import TARGETS as LORA_TARGETS
 from runtime.plan import print_plan
+from strategies import COLD_STOP, NO_COIN
 
 
 def option(default, help: str, choices: tuple | None = None, aliases: tuple = ()):
@@ -51,6 +53,7 @@ class Config:
     temperature: float = option(1.0, "sampling temperature of training rollouts")
     top_p: float = option(1.0, "nucleus sampling threshold of training rollouts (1 = off)")
     top_k: int = option(0, "sample only from the k most likely tokens (0 = off)")
+    min_p: float = option(0.0, "drop tokens with p < min_p x top p, after top-k / top-p (Soft Thinking's; 0 = off)")
     rollout_batch_size: int = option(0, "rows (prompts x G) decoded together per generate call; 0 = all of a "
                                         "step's rows at once. The KV cache grows with rows x (prompt + "
                                         "max_new_tokens) (--plan shows it); more rows decode more tokens per "
@@ -62,9 +65,10 @@ class Config:
                           "code's others (docs/algorithm.md, 'Exploration strategies'): topk = the top tokens "
                           "weighted by a second softmax, topk-gumbel = Gumbel-perturbed choice of them, "
                           "gaussian_embed_noise = topk + Gaussian noise, orthogonal_noise = the greedy token + "
-                          "noise scaled by the other top tokens",
+                          "noise scaled by the other top tokens; soft-gumbel = Randomized Soft Thinking's "
+                          "Gumbel-softmax soft tokens (arXiv 2508.03440); mixinputs = Mixture of Inputs (2505.14827)",
                           ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel", "gaussian_embed_noise",
-                           "orthogonal_noise"))
+                           "orthogonal_noise", "soft-gumbel", "mixinputs"))
     mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
                              "(per sequence, per step)")
     mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
@@ -93,6 +97,14 @@ class Config:
                                     "softmax(p / (temperature t)) (0 = t of 1)")
     noise_sigma: float = option(0.33, "gaussian / gaussian_embed_noise: noise std as a fraction of the fed "
                                 "input's RMS")
+    mixinputs_beta: float = option(1.0, "mixinputs: the sampled token's concentration beta, posterior (prior + "
+                                   "beta onehot(y)) / (1 + beta) (MIXINPUTS_BETA; <= -99: direct mixture)")
+    gumbel_temperature: float = option(0.5, "soft-gumbel: the Gumbel-softmax temperature (Randomized Soft "
+                                       "Thinking's --gumbel_temperature in its math scripts)")
+    early_stopping_entropy_threshold: float = option(0.0, "soft / soft-gumbel: Soft Thinking's Cold Stop: force "
+                                                     "--stop-mixing-token once the entropy (nats) stays under this "
+                                                     "for the next flag's steps in a row (0 = off)")
+    early_stopping_length_threshold: int = option(256, "soft / soft-gumbel: Cold Stop's steps")
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
@@ -213,6 +225,17 @@ class Config:
     logprob_chunk_tokens: int = option(1024, "positions whose vocabulary logits exist at once when computing "
                                        "log-probs (memory O(chunk x V), never O(B x T x V))")
 
+    # --- low-rank adapters (LoRA: Hu et al., arXiv 2106.09685; runtime/lora.py, docs/lora.md)
+    lora_rank: int = option(0, "rank r of low-rank adapters (LoRA, Hu et al., arXiv 2106.09685): the model's weights "
+                            "stay frozen and AdamW trains only A [r, in] and B [out, r] of each --lora-targets "
+                            "projection, W + (alpha / r) B A; the sampler decodes with the merged weights, the KL "
+                            "reference is the model with its adapters off, checkpoints hold the adapters in PEFT's "
+                            "format. 0 = off: full fine-tuning, as in the paper")
+    lora_alpha: float = option(16.0, "LoRA's alpha: the adapters' update is scaled by alpha / --lora-rank")
+    lora_dropout: float = option(0.0, "dropout on each adapter's input in the update (PEFT's lora_dropout; 0 = none)")
+    lora_targets: str = option(",".join(LORA_TARGETS), "the projections of every block that get adapters, "
+                               "comma-separated, named as in Hugging Face checkpoints and PEFT's target_modules")
+
     # --- supervised warm start (the demo: teach a random model the answer format before RL)
     sft_steps: int = option(0, "teacher-forced steps on the data's worked solutions before RL, at most "
                             "(0 = none; with --sft-target-accuracy the warm start may stop sooner)")
@@ -283,13 +306,16 @@ class Config:
         problems = []
         if self.explore == "neighbor" and self.num_neighbors >= vocab_size:
             problems.append(("num_neighbors", f"must be below the vocabulary size of --model {model} ({vocab_size})"))
-        if self.explore not in ("none", "neighbor") and self.soft_top_k > vocab_size:
+        if self.explore not in ("none", "neighbor", "mixinputs") and self.soft_top_k > vocab_size:
             problems.append(("soft_top_k", f"must be at most the vocabulary size of --model {model} ({vocab_size})"))
         if problems:
             raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
 
     def check_trainable(self) -> None:
         """The rules that only training adds: a ValueError naming what to change."""
+        if self.lora_rank and "RANK" in os.environ:
+            raise ValueError(f"--lora-rank {self.lora_rank}: adapters run in one process for now, not under torchrun: "
+                             "run python train.py, or drop --lora-rank for full fine-tuning under torchrun")
         if self.temperature == 0:
             raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same and "
                              "GRPO would have no signal; train with --temperature > 0")
@@ -372,6 +398,9 @@ RANGES = {
     "mix_rate": _FRACTION, "mix_entropy_threshold": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
     "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
     "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
+    "min_p": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"), "gumbel_temperature": _POSITIVE,
+    "mixinputs_beta": (lambda v: v >= 0 or v <= -99, "must be >= 0 (or <= -99: the direct mixture)"),
+    "early_stopping_entropy_threshold": _AT_LEAST_0, "early_stopping_length_threshold": _AT_LEAST_1,
     "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
     "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
     "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -389,6 +418,8 @@ RANGES = {
     "overlong_penalty_factor": _AT_LEAST_0, "lr": _STEP_SIZE, "warmup_steps": _AT_LEAST_0,
     "min_lr_ratio": _FRACTION, "weight_decay": _AT_LEAST_0,
     "grad_clip": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "logprob_chunk_tokens": _AT_LEAST_1,
+    "lora_rank": (lambda v: v >= 0, "must be >= 0 (0 = off: full fine-tuning)"), "lora_alpha": _POSITIVE,
+    "lora_dropout": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "sft_steps": (lambda v: v >= 0, "must be >= 0 (0 = none)"), "sft_lr": _STEP_SIZE, "sft_batch_size": _AT_LEAST_1,
     "sft_target_accuracy": (lambda v: 0 <= v <= 1, "must be in [0, 1] (0 = off)"),
     "sft_dev_problems": _AT_LEAST_1, "sft_eval_every": _AT_LEAST_1,
@@ -414,16 +445,19 @@ RANGES = {
 
 def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
     """(the field a message names, whether its setting agrees with the others, message)."""
+    bad_targets = ", ".join(map(repr, unknown_targets(c.lora_targets)))
     return [
-        ("mix_entropy_threshold", c.mix_entropy_threshold == 0 or c.explore not in ("none", "soft"),
-         "replaces the mixing coin, which --explore none and soft do not have"),
+        ("mix_entropy_threshold", c.mix_entropy_threshold == 0 or c.explore not in NO_COIN,
+         f"replaces the mixing coin, which --explore {', '.join(NO_COIN)} do not have"),
+        ("early_stopping_entropy_threshold", c.early_stopping_entropy_threshold == 0 or bool(c.stop_mixing_token),
+         "Cold Stop forces --stop-mixing-token, which is empty"),
         ("mix_feed", c.mix_feed == "sampler" or c.explore != "none", "replay-only needs an exploration strategy "
          "that records mixtures (--explore none records none)"),
         ("mini_batch_prompts", c.mini_batch_prompts < 1 or c.prompts_per_step % c.mini_batch_prompts == 0,
          f"must divide --prompts-per-step ({c.prompts_per_step})"),
-        ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0), "rollout needs --top-p 1 and "
-         "--top-k 0: with filtering the sampler's log-probs are of the filtered distribution and the replayed "
-         "ones are not"),
+        ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0 and c.min_p == 0), "rollout "
+         "needs --top-p 1, --top-k 0 and --min-p 0: with filtering the sampler's log-probs are of the filtered "
+         "distribution and the replayed ones are not"),
         ("rollout_is", c.rollout_is == "none" or c.old_logp == "replay", "needs --old-logp replay: with "
          "rollout the old policy's log-probs are the sampler's own, so every weight would be 1"),
         ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy sampler's "
@@ -432,6 +466,8 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
          "metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
         ("refill", not c.refill or c.filter_groups != "none", "needs --filter-groups: with nothing filtered "
          "there is nothing to refill"),
+        ("lora_targets", not bad_targets, f"names {bad_targets}, not a projection adapters can wrap; choose "
+         f"among {', '.join(LORA_TARGETS)}"),
         ("pass_k", c.pass_k <= c.group_size, f"must be at most --group-size ({c.group_size}): pass@k of a group "
          "of G responses"),
         ("entropy_target", c.entropy_target == 0 or c.entropy_coef > 0, "needs --entropy-coef > 0, the adaptive "
@@ -439,6 +475,11 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
          f"({c.max_new_tokens})"),
     ]
+
+
+def unknown_targets(targets: str) -> list[str]:
+    """The names of a --lora-targets list that are not projections adapters can wrap (an empty name included)."""
+    return [name for name in (t.strip() for t in targets.split(",")) if name not in LORA_TARGETS]
 
 
 # Flags that do something only with another setting: given on the command line (with a value other than the
@@ -463,10 +504,16 @@ IDLE_WITHOUT = {
                     (lambda c: c.explore == "neighbor", "--explore neighbor")),
     "noise_sigma": (lambda c: c.explore in ("gaussian", "gaussian_embed_noise"), "--explore gaussian or "
                     "gaussian_embed_noise"),
-    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor"), "an --explore other than none and neighbor"),
+    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor", "mixinputs"), "an --explore other than none, "
+                   "neighbor and mixinputs"),
+    "mixinputs_beta": (lambda c: c.explore == "mixinputs", "--explore mixinputs"),
+    "gumbel_temperature": (lambda c: c.explore == "soft-gumbel", "--explore soft-gumbel"),
+    **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold"),
+                    (lambda c: c.explore in COLD_STOP, "--explore soft or soft-gumbel")),
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
     "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
     "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
+    **dict.fromkeys(("lora_alpha", "lora_dropout", "lora_targets"), (lambda c: c.lora_rank > 0, "--lora-rank N")),
 }
 
 
@@ -553,6 +600,7 @@ REPLACES_ITS_OWN_OUTPUT = ("tiny", "demo")
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
             "explore": "exploration (docs/algorithm.md)", "grader": "reward",
             "loss": "the GRPO update", "adv_estimator": "the GRPO family (NGRPO, DAPO, Dr. GRPO)", "lr": "optimizer",
+            "lora_rank": "low-rank adapters (LoRA)",
             "sft_steps": "supervised warm start", "preset": "the run", "val_data": "validation during training"}
 
 

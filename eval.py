@@ -428,10 +428,11 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
 # The Config fields eval.py shares with train.py (same flags, same help, same validation), and the
 # defaults of the paper's evaluation protocol where they differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k",
-               "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
+               "min_p", "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
                "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
-               "noise_sigma", "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader",
-               "reward", "require_boxed", "rel_tol", "reward_timeout_s")
+               "noise_sigma", "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
+               "early_stopping_length_threshold", "seed", "out_dir", "resume", "overwrite", "device",
+               "dist_timeout_s", "grader", "reward", "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
 EVAL_HELP = {
@@ -443,7 +444,8 @@ EVAL_HELP = {
     "top_p": "nucleus sampling threshold (1 = off)",
     "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): neighbor = "
                "N-GRPO's neighbor mixing, soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures, "
-               "and the released code's topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
+               "soft-gumbel = Randomized Soft Thinking, mixinputs = Mixture of Inputs, and the released code's "
+               "topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
     "the run": "the evaluation",
     "seed": "seed of the samples' draws (each sample's draws depend on the seed, its benchmark, problem and "
             "sample number only)",
@@ -655,7 +657,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         table = table_for(model, cfg).cpu()
     table = distributed.broadcast_object(table, world)
     table = None if table is None else table.to(device)
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
                         max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
                         pad_id=data.pad_id_of(tokenizer))
     longest = max(len(p["prompt_ids"]) for _, problems, _ in prompted for p in problems)

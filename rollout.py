@@ -13,7 +13,7 @@ step; each strategy (steps 2-5) is one function of strategies.py, registered in 
 what strategies.RECORD lists (y, log p(y), and (C, w), or ([y], [1]) when not mixed) and what the strategy adds, so
 that training replays exactly the inputs the sampler fed (replay.py).
 
-Every random draw is a hash of (seed, row key, position) (strategies.RowDraws), so a row's response does not depend
+Every random draw is a hash of (seed, row key, position) (engine.draws.RowDraws), so a row's response does not depend
 on its slot, its batch-mates or the refill order. The decode loop that runs the step (a static KV cache, slots
 refilled as rows end, CUDA graphs) is the engine's (engine/decoder.py): it runs whatever step rule it is handed.
 
@@ -24,6 +24,7 @@ refilled as rows end, CUDA graphs) is the engine's (engine/decoder.py): it runs 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -31,20 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.decoder import Slots, decoder_for
+from engine.draws import RowDraws, seed_state, step_uniforms
 from engine.kernels import compiled_once
 from model import Transformer
-from strategies import (
-    STRATEGIES,
-    Exploration,
-    Field,
-    RowDraws,
-    StepView,
-    candidate_table,
-    neighbor_candidates,
-    record_fields,
-    seed_state,
-    step_uniforms,
-)
+from strategies import STRATEGIES, Exploration, Field, StepView, candidate_table, neighbor_candidates, record_fields
 
 CDF_BLOCK = 128  # tokens per block of sample_tokens' two-level inverse CDF
 
@@ -59,6 +50,7 @@ class Sampling:
     temperature: float = 1.0  # 0 = greedy (log-probs then at temperature 1)
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens with p < min_p * max p (after top-k / top-p); 0 = off
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()  # a row finishes when it samples one of these (end-of-sentence, ...)
     pad_id: int = 0  # fills prompts on the left and responses after they finish
@@ -146,8 +138,9 @@ class Rollout:
 
 
 def filtered_logits(logits: torch.Tensor, temperature: float, top_k: int = 0,
-                    top_p: float = 1.0) -> torch.Tensor:
-    """logits / temperature with everything outside the top-k and the top-p nucleus set to -inf. [B, V]."""
+                    top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """logits / temperature with everything outside the top-k, the top-p nucleus and min-p (p >= min_p max p,
+    i.e. z >= max z + log min_p, as Soft Thinking's sampler keeps after top-k / top-p) set to -inf. [B, V]."""
     logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
@@ -158,6 +151,8 @@ def filtered_logits(logits: torch.Tensor, temperature: float, top_k: int = 0,
         # Drop a token when the tokens above it already cover top_p; the most likely token always stays.
         drop = probs.cumsum(-1) - probs >= top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if min_p > 0:
+        logits = logits.masked_fill(logits < logits.amax(-1, keepdim=True) + math.log(min_p), float("-inf"))
     return logits
 
 
@@ -239,24 +234,28 @@ class Sampler:
         s, x = self.sampling, self.exploration
         greedy = s.temperature == 0
         tau = 1.0 if greedy else s.temperature
-        scaled = filtered_logits(logits, tau, s.top_k, s.top_p)  # [S, V]
+        scaled = filtered_logits(logits, tau, s.top_k, s.top_p, s.min_p)  # [S, V]
         probs = scaled.softmax(-1)
         draws = RowDraws(self.seed, state.key, state.length.clone())
         # = draws.uniform(TOKEN / COIN, 1)[:, 0], in one kernel where compiled
         token_u, coin_u = compiled_once(step_uniforms, backend)(self.seed, state.key, state.length)
         token = sample_tokens(probs, None if greedy else token_u)
         token = torch.where(live, token, s.pad_id)  # [S]
-        # log of the sampled token's probability: one gather instead of a log_softmax over the vocabulary.
-        # In fp32 it differs from log_softmax by ~1e-7; a token is never drawn at p < 1e-38 where log(p)
-        # would underflow.
-        logprob = torch.where(live, probs.gather(-1, token[:, None])[:, 0].log(), 0.0)
-        state.finished |= live & (token[:, None] == self.stop_ids).any(-1)
         mixing_on = state.extra["mixing_on"]
         if x.stop_mixing_id is not None:  # the step that samples it is not mixed either
             mixing_on &= token != x.stop_mixing_id
         view = StepView(x, scaled, probs, token, live & mixing_on, coin_u, tau, self.embed, self.cand_table, draws,
-                        state.extra)
+                        state.extra, logits)
         mixture = self.strategy.explore(view)
+        if mixture.token is None:  # log p(y) by one gather, not a log_softmax over V (~1e-7 apart in fp32)
+            logprob = probs.gather(-1, token[:, None])[:, 0].log()
+        else:  # the strategy's own action (Cold Stop's </think>): p may give it ~0, so by log_softmax
+            token = torch.where(live, mixture.token, s.pad_id)
+            logprob = scaled.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+            if x.stop_mixing_id is not None:
+                mixing_on &= token != x.stop_mixing_id
+        logprob = torch.where(live, logprob, 0.0)
+        state.finished |= live & (token[:, None] == self.stop_ids).any(-1)
         # --mix-feed replay-only: the same record, but the sampled token is fed (docs/algorithm.md)
         inputs = self.embed[token] if x.feed == "replay-only" else mixture.inputs
         return inputs, dict(response_ids=token, logprobs=logprob, cand_ids=mixture.cand_ids,
@@ -274,7 +273,7 @@ def generate(model: Transformer, prompts: list[list[int]], sampling: Sampling, e
     slots rows (default all) decode at once, each at its own position; when a row ends, the next waiting
     row is prefilled into its slot at the next sync (refill=False: only when every slot is free, i.e.
     static batches). Randomness: row i's response is a function of (seed, row_keys[i], the model) alone: every
-    draw (token, mixing coin, noise) hashes them with the row's response position (strategies.RowDraws), so it
+    draw (token, mixing coin, noise) hashes them with the row's response position (engine.draws.RowDraws), so it
     depends on no batch-mate, slot or order. row_keys: distinct ints, default 0..len-1 (callers pass e.g. a row's
     index among a training step's rows, or eval.sample_key(problem, sample)). The model runs in its own dtype
     (autocast is off; on GPU pass a bf16 model). cuda_graph: replay each step from a CUDA graph; None = whenever
@@ -324,4 +323,6 @@ def exploration_from_config(cfg, tokenizer) -> Exploration:
     return Exploration(cfg.explore, mix_rate=cfg.mix_rate, mix_entropy_threshold=cfg.mix_entropy_threshold,
                        num_neighbors=cfg.num_neighbors, weights=cfg.mix_weights, top_k=cfg.soft_top_k,
                        mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma, feed=cfg.mix_feed,
-                       stop_mixing_id=stop_mixing_id)
+                       stop_mixing_id=stop_mixing_id, mixinputs_beta=cfg.mixinputs_beta,
+                       gumbel_temperature=cfg.gumbel_temperature, cold_stop_steps=cfg.early_stopping_length_threshold,
+                       cold_stop_entropy=cfg.early_stopping_entropy_threshold)

@@ -10,31 +10,24 @@ returns the step's record and the next input (`Mixture`; the paper's mixing, ste
     e   = sum_c w_c E[c] if m else E[y]           (`gaussian`: + N(0, (sigma * rms)^2) at mixed steps)
 
 `mixed_embeddings` is the one formula for e that the sampler feeds and training replays (replay.py). Each strategy
-is one function, registered in EXPLORERS: `none` (GRPO), `neighbor` (N-GRPO), `soft` (Soft Thinking), `gaussian`
-(STHT-style), and the release's others (`topk`, `topk-gumbel`, `gaussian_embed_noise`, `orthogonal_noise`). A
-strategy needs no state beyond the step, so the decode step (CUDA graph included) takes whatever vector it feeds.
+is one function, registered in STRATEGIES: `none` (GRPO), `neighbor` (N-GRPO), `soft` (Soft Thinking, with Cold
+Stop), `soft-gumbel` (Randomized Soft Thinking), `mixinputs` (Mixture of Inputs), `gaussian` (STHT-style), and the
+release's others (`topk`, `topk-gumbel`, `gaussian_embed_noise`, `orthogonal_noise`). Per-row state a strategy
+keeps (Cold Stop's counter) is a declared field the engine holds in each slot, so the decode step (CUDA graph
+included) takes whatever vector it feeds.
 
-Randomness is counter-based: every random number of a rollout is a hash of (seed, stream, row key, position,
-index), computed with int64 tensor ops. A torch.Generator's draws depend on the order in which they are taken, so
-a row's sample would depend on its slot, its batch-mates, the refill order and, across processes, on the rank
-that generated it. A hash depends only on what it is given: row r's token at response position t is the same
-whichever batch, slot or GPU produced it. It needs no state, no host sync, and is safe inside a CUDA graph.
-
-    draws = RowDraws(seed=(run_seed, step), row_keys=keys, positions=t)   # keys, t: [B] int64
-    u = draws.uniform(TOKEN, 1)        # [B, 1] float64 in (0, 1)
-    z = draws.normal(NOISE, d)         # [B, d] float32 standard normal
-    key = draws.keys(NOISE)            # [B] int64: normal_from_keys(key, d) draws z again (training's replay)
-
-The hash is splitmix64 (Steele, Lea, Flood 2014): a stream's state is the mix of (seed, stream, row key,
-position), and its n outputs are mix64(state + i * golden) for i = 1..n, as splitmix64 itself steps.
+Every random draw is counter-based (engine/draws.py): a hash of (seed, stream, row key, position), so a row's
+sample does not depend on its batch, slot or rank.
 """
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+
+from engine.draws import GUMBEL, NOISE, RowDraws, normal_from_keys
 
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
@@ -52,113 +45,6 @@ def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_we
     return mixed.to(embed_weight.dtype)
 
 
-# ----------------------------------------------------------------------------- counter-based random draws
-
-# Streams: one per kind of draw, so that the token, the mixing coin, the noise and the Gumbel perturbation of
-# a step are independent: a strategy's draws never move the sampled token.
-TOKEN, COIN, NOISE, GUMBEL = 1, 2, 3, 4
-
-MASK64 = (1 << 64) - 1
-
-
-def _int64(value: int) -> int:
-    """A 64-bit pattern as the signed int64 that torch stores."""
-    value &= MASK64
-    return value - (1 << 64) if value >> 63 else value
-
-
-GOLDEN = _int64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: splitmix64's increment
-MIX1, MIX2 = _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
-
-
-def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 values (torch's >> is arithmetic: it copies the sign bit)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def mix64(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors; products wrap modulo 2^64 as the algorithm wants."""
-    z = (z ^ _shift_right(z, 30)) * MIX1
-    z = (z ^ _shift_right(z, 27)) * MIX2
-    return z ^ _shift_right(z, 31)
-
-
-@lru_cache(maxsize=64)
-def seed_state(seed: int | tuple[int, ...]) -> int:
-    """One 64-bit state from a seed or a tuple of ints (e.g. (run seed, step)), each folded in turn."""
-    state = 0
-    for part in (seed if isinstance(seed, tuple) else (seed,)):
-        while True:  # every 64-bit word of a large int, low word first; at least one word
-            word = torch.tensor(_int64(part & MASK64) ^ state)
-            state = int(mix64(word + GOLDEN))
-            part >>= 64
-            if part in (0, -1):
-                break
-    return state
-
-
-def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
-    """float64 uniforms from int64 bits: the top 52 bits k as (k + 0.5) / 2^52, so never 0 and never 1
-    (the largest, 1 - 2^-53, is a float64) and fine-grained enough that -log U is exact in its tail."""
-    return (_shift_right(bits, 12).double() + 0.5) * 2.0**-52
-
-
-@dataclass
-class RowDraws:
-    """The draws of one decode step for B rows: row b's numbers depend on (seed, row_keys[b],
-    positions[b]) and the stream, nothing else."""
-
-    seed: int | tuple[int, ...] | torch.Tensor  # a tensor: seed_state(seed) already, [] int64 (a graph's buffer)
-    row_keys: torch.Tensor  # [B] int64: each row's identity (e.g. its index among the step's rows)
-    positions: torch.Tensor  # [B] int64: each row's response position (the decode step of that row)
-
-    def __post_init__(self):
-        self._seed_state = self.seed if torch.is_tensor(self.seed) else seed_state(self.seed)
-
-    def keys(self, stream: int) -> torch.Tensor:
-        """[B] int64: each row's key of `stream` at this step; its draws are functions of it alone."""
-        if torch.is_tensor(self._seed_state):  # int64 addition wraps modulo 2^64, as _int64 does
-            offset = self._seed_state + stream
-        else:
-            offset = _int64(self._seed_state + stream)
-        state = mix64(self.row_keys * GOLDEN + offset)  # [B]
-        return mix64(state ^ (self.positions * MIX1))
-
-    def bits(self, stream: int, n: int) -> torch.Tensor:
-        """[B, n] int64 random bits."""
-        return bits_from_keys(self.keys(stream), n)
-
-    def uniform(self, stream: int, n: int) -> torch.Tensor:
-        """[B, n] float64 in (0, 1)."""
-        return bits_to_uniform(self.bits(stream, n))
-
-    def normal(self, stream: int, n: int) -> torch.Tensor:
-        """[B, n] float32 standard normal draws."""
-        return normal_from_keys(self.keys(stream), n)
-
-
-def step_uniforms(seed_state: torch.Tensor, row_keys: torch.Tensor,
-                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two draws every decode step takes, [B] float64 each: the token's (TOKEN) and the mixing coin's (COIN),
-    RowDraws(seed_state, row_keys, positions).uniform(stream, 1)[:, 0]. One function, so that torch.compile makes
-    the ~80 small integer operations of their hashing one kernel (rollout.Decoder does on a GPU)."""
-    draws = RowDraws(seed_state, row_keys, positions)
-    return draws.uniform(TOKEN, 1)[:, 0], draws.uniform(COIN, 1)[:, 0]
-
-
-def bits_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """[..., n] int64 random bits from keys [...]: splitmix64's outputs 1..n from each key."""
-    index = torch.arange(1, n + 1, device=keys.device) * GOLDEN  # [n]
-    return mix64(keys[..., None] + index)
-
-
-def normal_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """[..., n] float32 standard normal draws from keys [...] (RowDraws.keys): Box-Muller over two uniforms
-    per draw. A recorded key gives the same draws again, so training can replay a step's noise."""
-    u = bits_to_uniform(bits_from_keys(keys, 2 * n))
-    return ((-2.0 * u[..., :n].log()).sqrt() * torch.cos(2 * torch.pi * u[..., n:])).float()
-
-
 # ----------------------------------------------------------------------------- the exploration settings and candidates
 
 
@@ -174,6 +60,10 @@ class Exploration:
     noise_sigma: float = 0.33  # gaussian / gaussian_embed_noise: noise std as a fraction of the input's RMS
     feed: str = "sampler"  # sampler: feed the mixture; replay-only: record it but feed E[y] (docs/algorithm.md)
     stop_mixing_id: int | None = None  # no mixing at or after the step that samples this id (</think>)
+    mixinputs_beta: float = 1.0  # mixinputs: the sampled token's concentration beta; <= -99: the direct mixture
+    gumbel_temperature: float = 0.5  # soft-gumbel: the Gumbel-softmax temperature
+    cold_stop_entropy: float = 0.0  # soft / soft-gumbel: Cold Stop's entropy threshold in nats (0 = off)
+    cold_stop_steps: int = 256  # ... and the steps in a row under it that end thinking (force stop_mixing_id)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -186,9 +76,15 @@ class Exploration:
                 and self.noise_sigma >= 0 and self.mix_entropy_threshold >= 0):
             raise ValueError("exploration needs 0 <= mix_rate <= 1, num_neighbors >= 1, top_k >= 1, "
                              "noise_sigma >= 0, mix_entropy_threshold >= 0")
-        if self.mix_entropy_threshold > 0 and self.strategy in ("none", "soft"):
+        if self.mix_entropy_threshold > 0 and self.strategy in NO_COIN:
             raise ValueError(f"the {self.strategy} strategy has no mixing coin for an entropy threshold "
                              "to replace")
+        if not (self.gumbel_temperature > 0 and self.cold_stop_entropy >= 0 and self.cold_stop_steps >= 1
+                and (self.mixinputs_beta >= 0 or self.mixinputs_beta <= -99)):
+            raise ValueError("exploration needs gumbel_temperature > 0, cold_stop_entropy >= 0, "
+                             "cold_stop_steps >= 1, mixinputs_beta >= 0 (or <= -99: the direct mixture)")
+        if self.cold_stop_entropy > 0 and (self.strategy not in COLD_STOP or self.stop_mixing_id is None):
+            raise ValueError("Cold Stop forces stop_mixing_id (</think>): it needs one, and soft or soft-gumbel")
 
     @property
     def num_candidates(self) -> int:
@@ -245,8 +141,9 @@ class StepView:
     temperature: float
     embed: torch.Tensor  # [V, d] the input embedding E
     cand_table: torch.Tensor | None  # [V, 1 + num_neighbors] (candidate_table), neighbor strategy only
-    draws: RowDraws  # this step's per-row random numbers; a strategy takes its own stream (RowDraws, above)
+    draws: RowDraws  # this step's per-row random numbers; a strategy takes its own stream (engine.draws.RowDraws)
     state: dict[str, torch.Tensor]  # name -> [B]: the strategy's declared per-row state (Strategy.state), in place
+    raw: torch.Tensor  # [B, V] the model's logits as they came: no temperature, no filtering
 
 
 @dataclass
@@ -258,6 +155,7 @@ class Mixture:
     mixed: torch.Tensor  # [B] bool
     inputs: torch.Tensor  # [B, d] in the embedding's dtype
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # the strategy's own record fields, [B] or [B, K]
+    token: torch.Tensor | None = None  # [B] the action where the strategy replaces the sampled y (Cold Stop)
 
 
 def mix_where(view: StepView, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
@@ -295,10 +193,62 @@ def explore_neighbor(view: StepView) -> Mixture:
     return mix_where(view, cand_ids, cand_weights, mix_steps(view))
 
 
-def explore_soft(view: StepView) -> Mixture:
-    """Soft Thinking: every thinking step feeds the top-k mixture of p."""
+def cold_stop(view: StepView) -> StepView:
+    """Soft Thinking's Cold Stop (its sglang `Req.update_topk_info`): a thinking row counts its steps in a row whose
+    entropy H(softmax(z / tau)) (nats, unfiltered) is under cold_stop_entropy; the step that brings the count to
+    cold_stop_steps emits stop_mixing_id (</think>) in place of its sample, unmixed, and the count restarts. The
+    view with that action and those rows no longer eligible (off: the view itself)."""
     x = view.exploration
-    return mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
+    if x.cold_stop_entropy <= 0:
+        return view
+    probs = (view.raw.float() / view.temperature).softmax(-1)  # [B, V]
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
+    low = view.state["low_entropy_steps"]  # [B], the slot's own counter: updated in place
+    counted = torch.where(entropy < x.cold_stop_entropy, low + 1, 0)
+    low.copy_(torch.where(view.eligible, counted, low))  # past thinking (or no row): kept, and never read
+    stop = view.eligible & (low >= x.cold_stop_steps)
+    low.masked_fill_(stop, 0)
+    return replace(view, token=torch.where(stop, x.stop_mixing_id, view.token), eligible=view.eligible & ~stop)
+
+
+def explore_soft(view: StepView) -> Mixture:
+    """Soft Thinking: every thinking step feeds the top-k mixture of p (Cold Stop may end thinking)."""
+    x = view.exploration
+    view = cold_stop(view)  # the action: the sample, or Cold Stop's </think>
+    mixture = mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
+    return replace(mixture, token=view.token if x.cold_stop_entropy > 0 else None)
+
+
+def explore_soft_gumbel(view: StepView) -> Mixture:
+    """Randomized Soft Thinking (arXiv 2508.03440): every thinking step feeds the top-k tokens of p weighted
+    w = softmax((log q + g) / tau_g), q = p renormalised over them, g = -log(-log u) a Gumbel draw per candidate
+    from the row's GUMBEL stream; the record holds w (Cold Stop may end thinking)."""
+    x = view.exploration
+    view = cold_stop(view)
+    cand_ids, q = soft_candidates(view.probs, x.top_k)  # [B, K] each
+    gumbel = -(-view.draws.uniform(GUMBEL, x.top_k).log()).log()  # [B, K] float64
+    weights = ((q.log() + gumbel.float()) / x.gumbel_temperature).softmax(-1)
+    return replace(mix_where(view, cand_ids, weights, view.eligible), token=view.token if x.cold_stop_entropy else None)
+
+
+MIXINPUTS_CANDIDATES = 20  # the prior's support: vLLM's 20 logprobs the authors' runner asks for by default
+
+
+def explore_mixinputs(view: StepView) -> Mixture:
+    """Mixture of Inputs (arXiv 2505.14827; the authors' vLLM `gpu_model_runner.py`): every eligible step feeds
+    H_n sum_c (q_c + beta [c = y]) / (1 + beta) E[c] + (1 - H_n) E[y] over the 20 tokens c of highest raw logit
+    (vLLM's logprobs: no temperature, no filter), q = their renormalised p, H_n = H(q) / log 20 (beta <= -99:
+    their direct mixture sum_c q_c E[c]). Recorded as [c_1..c_20, y] with those weights."""
+    beta = view.exploration.mixinputs_beta
+    top_logits, top_ids = view.raw.float().topk(min(MIXINPUTS_CANDIDATES, view.raw.shape[-1]), dim=-1)  # [B, n]
+    prior = top_logits.softmax(-1)
+    entropy = -(prior * prior.clamp_min(1e-12).log()).sum(-1, keepdim=True) / math.log(prior.shape[-1])  # [B, 1]
+    posterior = (prior + beta * (top_ids == view.token[:, None]).float()) / (1 + beta)
+    weights, own = (entropy * posterior, 1 - entropy) if beta > -99 else (prior, torch.zeros_like(entropy))
+    spare = MIXINPUTS_CANDIDATES - prior.shape[-1]  # > 0 only for a vocabulary under 20: weight-0 copies of y
+    cand_ids = torch.cat([top_ids, view.token[:, None].expand(-1, spare + 1)], dim=-1)  # [B, 21]
+    cand_weights = torch.cat([weights, torch.zeros_like(prior[:, :1]).expand(-1, spare), own], dim=-1)
+    return mix_where(view, cand_ids, cand_weights, view.eligible)
 
 
 def with_noise(mixture: Mixture, where: torch.Tensor, sigma: float, draws: RowDraws) -> Mixture:
@@ -464,19 +414,24 @@ class Strategy:
 
 
 NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.float32, pad=0.0))  # std 0 = none
+COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
+
+NO_COIN, COLD_STOP = ("none", "soft", "soft-gumbel", "mixinputs"), ("soft", "soft-gumbel")  # no mixing coin; Cold Stop
 
 # --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
 # own module), give Exploration the knobs it reads. The sampler, the engine and the replay do not change.
 STRATEGIES: dict[str, Strategy] = {
     "none": Strategy(explore_none, candidates=lambda x: 1),
     "neighbor": Strategy(explore_neighbor, candidates=lambda x: 1 + x.num_neighbors),
-    "soft": Strategy(explore_soft),
+    "soft": Strategy(explore_soft, state=COLD_STOP_STATE),
     "gaussian": Strategy(explore_gaussian),
     "topk": Strategy(explore_topk),
     "topk-gumbel": Strategy(explore_topk_gumbel),
     "gaussian_embed_noise": Strategy(explore_gaussian_embed_noise),
     "orthogonal_noise": Strategy(explore_orthogonal_noise, candidates=lambda x: 1, record=NOISE_RECORD,
                                  feed=noisy_mixture_inputs),
+    "soft-gumbel": Strategy(explore_soft_gumbel, state=COLD_STOP_STATE),
+    "mixinputs": Strategy(explore_mixinputs, candidates=lambda x: MIXINPUTS_CANDIDATES + 1),
 }
 
 

@@ -48,7 +48,7 @@ from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
 from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
-from runtime import checkpoint, distributed, guard, plan
+from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
 from runtime.diagnostics import Watch, group_diversity, mixture_closeness
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
@@ -76,8 +76,7 @@ class Run:
     tokenizer: PreTrainedTokenizerBase
     policy: torch.nn.Module  # fp32, trained (the Transformer; under torchrun its parameters are FSDP shards)
     trainer: distributed.ModelCall  # what the update runs the policy through (FSDP's root under torchrun)
-    sampler: torch.nn.Module  # the policy itself on one CPU; else an unsharded copy (bf16 on GPU) refreshed
-    #                           after every update
+    sampler: torch.nn.Module  # the policy itself on one CPU; else a copy (bf16 on GPU), merged with --lora-rank
     optimizer: torch.optim.Optimizer
     problems: list[dict]
     held_out: list[dict]
@@ -94,8 +93,10 @@ class Run:
     watch: Watch = field(default_factory=Watch)
     entropy: EntropyControl = field(default_factory=EntropyControl)  # the bonus's coefficient (adaptive: its state)
 
-    def refresh_sampler(self) -> None:
-        if self.sampler is not self.policy:
+    def refresh_sampler(self) -> None:  # after every update
+        if lora.has_adapters(self.policy):  # the sampler decodes with the merged weights, W + scale B A
+            lora.merge_into(self.policy, self.sampler)
+        elif self.sampler is not self.policy:
             distributed.copy_weights(self.policy, self.sampler)
 
     def held_out_accuracy(self) -> float:
@@ -186,17 +187,13 @@ def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
     r.metrics_path = checkpoint.trim_metrics(out_dir / "metrics.jsonl", start_step) if world.is_main else None
     if r.held_out and start_step == 0:
         r.summary["accuracy_before"] = r.held_out_accuracy()
-        say(world, f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} "
-                   f"({len(r.held_out)} problems)")
+        say(world, f"held-out accuracy before RL: {r.summary['accuracy_before']:.3f} ({len(r.held_out)} problems)")
     if r.val_sets and cfg.val_before_train and start_step == 0:
         r.summary["val_before"] = validate(r, 0)
-        say(world, "validation before RL: "
-                   + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
+        say(world, "validation before RL: " + ", ".join(f"{k} {v:.3f}" for k, v in r.summary["val_before"].items()))
     if world.is_main:  # what the run's start found (a resume keeps what its first start wrote: read_summary)
         write_summary(r.out_dir, r.summary)
     return r, start_step, max_steps
-
-
 
 
 def train_on(r: Run, groups: Groups, step: int, max_steps: int) -> tuple[dict, int]:
@@ -374,9 +371,9 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
     if cfg.mask_truncated:
         metrics["truncated_masked"] = int((~groups.trained.finished).sum())
     if cfg.overlong_buffer > 0:
-        metrics["overlong_penalty_mean"] = float(overlong_penalty(groups.rollout.lengths.cpu(), cfg.max_new_tokens,
-                                                                  cfg.overlong_buffer,
-                                                                  cfg.overlong_penalty_factor).mean())
+        penalty = overlong_penalty(rollout.lengths.cpu(), cfg.max_new_tokens, cfg.overlong_buffer,
+                                   cfg.overlong_penalty_factor)
+        metrics["overlong_penalty_mean"] = float(penalty.mean())
     return metrics
 
 
@@ -645,23 +642,14 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     if cfg.freeze_embeddings:
         policy.embed_tokens.weight.requires_grad_(False)
     problems, held_out, dropped = load_training_data(cfg, tokenizer)
-    val_sets = []
-    if cfg.val_data:
-        try:
-            val_sets = evaluation.render_prompts(evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None,
-                                                                            flag="--val-data"), tokenizer,
-                                                 cfg.instruction)
-        except DataError as error:
-            raise RunError(str(error)) from None
-    try:
-        exploration = exploration_from_config(cfg, tokenizer)
-    except ValueError as error:
-        raise RunError(str(error)) from None
     try:  # the last checks, before anything in --out-dir is deleted or written
+        benchmarks = evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None, flag="--val-data")  # [] if none
+        val_sets = evaluation.render_prompts(benchmarks, tokenizer, cfg.instruction)
+        exploration = exploration_from_config(cfg, tokenizer)
         pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
                           timeout_s=cfg.reward_timeout_s, rel_tol=cfg.rel_tol)
         check_report_to(cfg.report_to)
-    except (ImportError, ValueError) as error:  # math-verify or tracking packages missing, a bad --reward
+    except (ImportError, ValueError) as error:  # a bad --val-data, strategy setting or --reward; a package missing
         raise RunError(str(error)) from None
     if world.is_main:  # the other ranks only read what rank 0 writes
         if cfg.resume and not checkpoint_dirs(out_dir):
@@ -674,7 +662,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))  # only rank 0 reports
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
                         max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
                         pad_id=pad_id_of(tokenizer))
     trainer = distributed.shard_model(policy, world)
@@ -701,6 +689,8 @@ def start_fresh(r: Run) -> int:
         r.summary.update(warm_start(r.trainer, r.problems, r.tokenizer, r.cfg, r.device, r.pool,
                                     dev_model=dev_model, quiet=not r.world.is_main))
         checkpoint.save_weights(r, r.out_dir / "warm_start")  # the KL term's reference, also on resume
+    if r.cfg.lora_rank:
+        use_adapters(r)
     prepare_sampling(r, saved_table=None)
     return 0
 
@@ -710,9 +700,12 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
 
     Under torchrun the reference is sharded like the policy (bf16 shards on GPU): at 7B that is 1.9 GB per
     GPU instead of a 15 GB bf16 copy (docs/distributed.md). The sampler is an unsharded copy on every
-    rank, since each rank decodes its own rows."""
+    rank, since each rank decodes its own rows. With --lora-rank the reference is the policy with its adapters off
+    and the sampler a merged copy (runtime/lora.py)."""
     cfg = r.cfg
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and lora.has_adapters(r.policy):
+        r.reference = lora.WithoutAdapters(r.policy)  # the frozen base itself: no second copy
+    elif cfg.kl_coef > 0:
         source = r.out_dir / "warm_start" if cfg.sft_steps > 0 else None
         distributed.barrier(r.world)  # rank 0 has written warm_start/
         dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
@@ -720,12 +713,21 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
         reference = load_model(str(source or cfg.model), dtype=dtype, device=r.device, seed=cfg.seed)
         reference = reference.eval().requires_grad_(False)
         r.reference = distributed.shard_model(reference, r.world) if r.world.distributed else reference
-    if r.device.type != "cpu" or r.world.distributed:
+    if r.device.type != "cpu" or r.world.distributed or lora.has_adapters(r.policy):
         dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
-        r.sampler = distributed.unsharded_copy(r.policy, dtype=dtype, device=r.device)
+        copy = lora.merged_copy if lora.has_adapters(r.policy) else distributed.unsharded_copy
+        r.sampler = copy(r.policy, dtype=dtype, device=r.device)
     r.refresh_sampler()
     if cfg.explore == "neighbor":  # a resumed run keeps the table it was using (rebuilt only on refresh)
         r.table = saved_table.to(r.device) if saved_table is not None else shared_table(r)
+
+
+def use_adapters(r: Run, saved: Path | None = None) -> None:
+    """--lora-rank: adapters on the frozen policy (lora.adapt_policy; on a resume, the adapters `saved` holds) and
+    AdamW over them alone."""
+    params = lora.adapt_policy(r.policy, r.cfg, warm_start=r.out_dir / "warm_start" if r.cfg.sft_steps else None,
+                               saved=saved)
+    r.optimizer = torch.optim.AdamW(params, lr=r.cfg.lr, weight_decay=r.cfg.weight_decay)
 
 
 def shared_table(r: Run) -> torch.Tensor:
@@ -745,11 +747,12 @@ def restore_checkpoint(r: Run, latest: Path) -> int:
     weights (by parameter name), optimizer, data cursor, RNG states and neighbor table. Returns its step."""
     state = torch.load(latest / "trainer_state.pt", map_location=r.device, weights_only=False)
     main = r.world.is_main  # rank 0 reads the weights and AdamW state; the others get their shards from it
-    weights = load_model(str(latest), dtype=torch.float32, device="cpu").state_dict() if main else None
-    distributed.load_state_dict(r.policy, weights, r.world)
-    optimizer_state = None
-    if main:
-        optimizer_state = torch.load(latest / "optimizer.pt", map_location="cpu", weights_only=False)
+    if r.cfg.lora_rank:  # the checkpoint holds the adapters alone, on the base the run began from
+        use_adapters(r, saved=latest)
+    else:
+        weights = load_model(str(latest), dtype=torch.float32, device="cpu").state_dict() if main else None
+        distributed.load_state_dict(r.policy, weights, r.world)
+    optimizer_state = torch.load(latest / "optimizer.pt", map_location="cpu", weights_only=False) if main else None
     distributed.load_optimizer_state(r.trainer, r.optimizer, optimizer_state, r.world)
     r.batcher.load_state_dict(state["batcher"])
     torch.set_rng_state(state["torch_rng"].cpu())

@@ -33,10 +33,11 @@ from benchmarks.common import (
 from benchmarks.long_tail import forced_lengths_sampler, long_tail_lengths, long_tail_model
 from engine import decoder as engine_decoder
 from engine.decoder import Decoder, release_decoder
+from engine.draws import TOKEN, RowDraws
 from model import random_model
 from neighbors import build_neighbor_table
 from rollout import Exploration, Sampler, Sampling, generate, sample_tokens
-from strategies import TOKEN, RowDraws, mixed_embeddings
+from strategies import mixed_embeddings
 
 
 def bench_rollout(args: argparse.Namespace) -> None:

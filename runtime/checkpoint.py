@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 
 from model import save_model
-from runtime import distributed
+from runtime import distributed, lora
 from runtime.guard import Refused, follow_umask, reason
 
 MANIFEST = "manifest.json"
@@ -169,7 +169,12 @@ def checkpoint_dirs(out_dir: Path) -> list[Path]:
 
 
 def save_weights(r, out_dir: Path) -> None:
-    """The policy in the Hugging Face layout, gathered one parameter at a time and written by rank 0."""
+    """The policy in the Hugging Face layout, gathered one parameter at a time and written by rank 0; with adapters
+    (--lora-rank, one process) the adapters alone, in PEFT's format, and the tokenizer (runtime/lora.py)."""
+    if lora.has_adapters(r.policy):
+        lora.save_adapters(r.policy, out_dir, r.tokenizer)
+        follow_umask(out_dir)  # safetensors writes 0600
+        return
     state = distributed.gather_state_dict(r.policy, r.world)
     if r.world.is_main:
         save_model(distributed.model_from_state(r.policy, state), out_dir, r.tokenizer)
@@ -177,9 +182,9 @@ def save_weights(r, out_dir: Path) -> None:
 
 
 def save_checkpoint(r, step: int) -> None:
-    """HF-layout weights plus optimizer, RNG, data cursor and the neighbor table in use of the run `r`
-    (train.Run), written to a temporary directory and renamed: a crash mid-write leaves the previous
-    checkpoints as they were.
+    """HF-layout weights (or --lora-rank's adapters) plus optimizer, RNG, data cursor and the neighbor table in
+    use of the run `r` (train.Run), written to a temporary directory and renamed: a crash mid-write leaves the
+    previous checkpoints as they were.
 
     Under torchrun the weights and AdamW state are gathered to rank 0, which alone writes, in the same
     files as one process: a checkpoint resumes under any number of processes. The AdamW state is keyed by

@@ -137,6 +137,16 @@ def _count(mc: ModelConfig) -> Params:
     return Params(total, model.embed_tokens.weight.numel(), total - block * mc.num_layers, block)
 
 
+def adapter_count(mc: ModelConfig, rank: int, targets: str) -> int:
+    """Parameters of --lora-rank adapters on the --lora-targets projections (comma-separated) of every block:
+    rank x (in + out) each, A [rank, in] and B [out, rank] (runtime/lora.py)."""
+    d, inter = mc.hidden_size, mc.intermediate_size
+    q_width, kv_width = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    sizes = {"q_proj": d + q_width, "k_proj": d + kv_width, "v_proj": d + kv_width, "o_proj": q_width + d,
+             "gate_proj": d + inter, "up_proj": d + inter, "down_proj": inter + d}
+    return mc.num_layers * rank * sum(sizes[name] for name in {t.strip() for t in targets.split(",")})
+
+
 # ----------------------------------------------------------------------------- activations
 
 
@@ -184,7 +194,7 @@ def activation_bytes(cfg, mc: ModelConfig, device: str, sharded: bool, prompt_to
     rows, seq = update_tokens(cfg, prompt_tokens)
     _, resid = _dtypes(device, sharded)
     head = (4 + resid) * mc.hidden_size * seq + resid * mc.hidden_size * cfg.max_new_tokens
-    if not cfg.freeze_embeddings:
+    if not cfg.freeze_embeddings and not cfg.lora_rank:
         head += 4 * mc.hidden_size * (1 + cfg.num_neighbors) * seq
     per_block = resid * mc.hidden_size if cfg.grad_checkpointing else block_saved_bytes_per_token(mc, device, sharded)
     return rows * (mc.num_layers * per_block * seq + head)
@@ -252,21 +262,26 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     prompt_tokens = prompt_tokens or cfg.max_prompt_tokens
     params = count_params(mc)
     sharded = gpus > 1
-    trainable = params.trainable(cfg.freeze_embeddings)
+    # --lora-rank (one process): the base frozen (bf16 on a GPU) and no reference copy (the base is the reference);
+    # gradients and AdamW only for the adapters; the sampler a merged copy, on the CPU too.
+    adapters = adapter_count(mc, cfg.lora_rank, cfg.lora_targets) if cfg.lora_rank else 0
+    trainable = adapters or params.trainable(cfg.freeze_embeddings)
     low = 4 if device == "cpu" else 2  # bytes per weight of the sampler copy and of the reference model
     rows = rollout_rows(cfg, gpus)
     tokens = -(-(prompt_tokens + cfg.max_new_tokens) // CACHE_ROUND) * CACHE_ROUND  # as the sampler allocates
     share = f" (1/{gpus} shard)" if sharded else ""
     kept = lambda name, n: Row(name, n, n)  # held through both phases
-    plan_rows = [
-        kept(f"fp32 weights{share}", 4 * params.total // gpus),
+    plan_rows = [kept(f"fp32 weights{share}", 4 * params.total // gpus)] if not adapters else [
+        kept(f"frozen base weights, {'bf16' if low == 2 else 'fp32'} (also the KL reference)", low * params.total),
+        kept(f"LoRA adapters, rank {cfg.lora_rank}: {adapters / 1e6:.1f} M fp32 parameters", 4 * adapters)]
+    plan_rows += [
         Row(f"fp32 gradients{share}", 0, 4 * trainable // gpus),  # freed when the update ends
         kept(f"AdamW moments, fp32 x 2{share}", 8 * trainable // gpus),
     ]
-    if device == "cuda" or sharded:
-        plan_rows.append(kept(f"sampler copy, {'bf16' if low == 2 else 'fp32'} (unsharded, each process)",
-                              low * params.total))
-    if cfg.kl_coef > 0:
+    if device == "cuda" or sharded or adapters:
+        plan_rows.append(kept(f"sampler copy{', merged' if adapters else ''}, {'bf16' if low == 2 else 'fp32'} "
+                              "(unsharded, each process)", low * params.total))
+    if cfg.kl_coef > 0 and not adapters:
         plan_rows.append(kept(f"reference model, {'bf16' if low == 2 else 'fp32'}{share}",
                               low * params.total // gpus))
     plan_rows += [
@@ -278,7 +293,7 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
         gathered = 2 * (params.root + 2 * params.block)  # bf16: the root for the whole call, ~2 blocks
         reduce = 4 * (params.root - params.embed * cfg.freeze_embeddings + 2 * params.block)
         plan_rows.append(Row("bf16 weights gathered + fp32 gradients before reduce-scatter", 0, gathered + reduce))
-    elif device == "cuda":  # autocast's bf16 copy of every weight a matmul reads, for the forward
+    elif device == "cuda" and not adapters:  # autocast's bf16 copy of every weight a matmul reads, for the forward
         plan_rows.append(Row("bf16 weight copies under autocast", 0, 2 * (params.total - params.embed
                                                                            * (not mc.tie_word_embeddings))))
     micro, seq = update_tokens(cfg, prompt_tokens)
@@ -299,7 +314,7 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
                    f"{mc.vocab_size:,}; on {where}")
     # Writing a checkpoint: rank 0 copies the gathered fp32 weights to its CPU; AdamW's state is copied too from a
     # GPU (on the CPU it is written from where it is).
-    checkpoint = 4 * params.total + (8 * trainable if device == "cuda" else 0)
+    checkpoint = 4 * (trainable if adapters else params.total) + (8 * trainable if device == "cuda" else 0)
     # Loading: the fp32 policy whole (every rank, before sharding); on the CPU the safetensors file is mapped while
     # it is read, so its bytes (a bf16 checkpoint's: 2 per weight) count in RSS beside the fp32 copy until closed.
     load = 4 * params.total + (2 * params.total if device == "cpu" else 0)

@@ -65,6 +65,7 @@ NOT_AS_WRITTEN = {  # the command as written -> (what it needs, what runs instea
         ("the demo's run; 2 minutes", "python eval.py --model runs/demo --benchmarks arith:max_count=5 "
                                       "--instruction '' --n 2 --max-new-tokens 16 --limit 4"),
     "python bench.py NAME": ("a placeholder", "python bench.py --help"),
+    "python train.py --preset paper-7b --lora-rank 64 --lora-alpha 128 --lr 1e-5": ("a GPU and the hub", PARSE),
     "python train.py --preset tiny --grader math-verify":
         ("40 s (math-verify's checks)", "python train.py --preset tiny --grader math-verify --max-steps 1 "
                                         "--prompts-per-step 4 --mini-batch-prompts 4"),

@@ -1,12 +1,12 @@
-"""strategies.py's counter-based draws: the hash against a pure-Python splitmix64, and the distributions it gives
+"""engine/draws.py's counter-based draws: the hash against a pure-Python splitmix64, and the distributions it gives
 (uniforms, normals, and the inverse-CDF token draw of rollout.sample_tokens) against their targets."""
 
 import math
 
 import torch
 
+from engine.draws import COIN, NOISE, TOKEN, RowDraws, bits_to_uniform, seed_state
 from rollout import sample_tokens
-from strategies import COIN, NOISE, TOKEN, RowDraws, bits_to_uniform, seed_state
 
 M64 = (1 << 64) - 1
 

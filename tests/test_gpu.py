@@ -16,11 +16,11 @@ from config import preset
 from engine import decoder as engine_decoder
 from engine import kernels
 from engine.decoder import release_decoder
+from engine.draws import bits_to_uniform, seed_state, step_uniforms
 from engine.logprobs import token_logprobs
 from neighbors import build_neighbor_table
 from replay import sequence_logprobs
 from rollout import Exploration, Sampler, Sampling, generate, sample_tokens
-from strategies import bits_to_uniform, seed_state, step_uniforms
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

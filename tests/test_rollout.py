@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 import replay
 from engine import decoder as engine
 from engine import kernels
+from engine.draws import normal_from_keys
 from model import load_model
 from rollout import Exploration, Rollout, Sampling, filtered_logits, generate, mixing_candidates
-from strategies import normal_from_keys
 
 V = 97
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 20, 41]]
@@ -357,7 +357,8 @@ def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian", "topk-gumbel"])
+@pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian", "topk-gumbel", "soft-gumbel",
+                                      "mixinputs"])
 def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)

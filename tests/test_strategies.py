@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import strategies
-from strategies import GUMBEL, Exploration, RowDraws, StepView
+from engine.draws import GUMBEL, RowDraws
+from strategies import Exploration, StepView
 
 Z = [1.0, 3.0, 0.5, 2.0, -1.0]  # one row's logits; p's order: token 1, 3, 0, 2, 4
 
@@ -35,7 +36,7 @@ def step_view(exploration: Exploration, z_rows: list[list[float]], *, tau: float
     draws = RowDraws(seed, torch.arange(B), torch.zeros(B, dtype=torch.long))
     return StepView(exploration, torch.tensor(z_rows) / tau, probs.float(), torch.full((B,), 4),
                     torch.ones(B, dtype=torch.bool), torch.full((B,), coin, dtype=torch.float64), tau, embed,
-                    None, draws, {})
+                    None, draws, {}, torch.tensor(z_rows))
 
 
 @pytest.mark.parametrize("tau, t", [(1.0, 0.0), (1.0, 0.7), (0.5, 1.0)])

@@ -1,0 +1,250 @@
+"""The soft-token methods beside N-GRPO (strategies.py): Mixture of Inputs (`mixinputs`), Randomized Soft Thinking's
+Gumbel-softmax soft tokens (`soft-gumbel`), and Soft Thinking's min-p and Cold Stop. Each fed input is checked
+against the paper's formula computed here by brute force (plain Python floats) on hand-set logits; Cold Stop on a
+scripted low-entropy stretch through the engine's slots and refill; and short tiny-model training runs, whose
+logged sampler-vs-replay log-prob gap must be at float rounding, and whose resumed run must equal an uninterrupted
+one."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import rollout
+import train
+from config import preset
+from engine import decoder as engine
+from engine.draws import GUMBEL, RowDraws
+from model import ModelConfig, load_model, random_model
+from rollout import Sampling, filtered_logits, generate
+from strategies import STRATEGIES, Exploration, StepView, mixture_inputs
+
+V, D = 30, 6
+EMBED = torch.randn(V, D, generator=torch.Generator().manual_seed(0))
+LOGITS = torch.randn(3, V, generator=torch.Generator().manual_seed(1)) * 2.0  # [3, V]
+
+
+def softmax(xs: list[float]) -> list[float]:
+    top = max(xs)
+    e = [math.exp(x - top) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def ranked(xs: list[float]) -> list[int]:
+    return sorted(range(len(xs)), key=lambda i: -xs[i])
+
+
+def weighted_sum(weights: list[float], ids: list[int]) -> list[float]:
+    """sum_c w_c E[c] in float64, one coordinate at a time."""
+    return [sum(w * float(EMBED[c, j]) for w, c in zip(weights, ids)) for j in range(D)]
+
+
+def step_view(x: Exploration, token: list[int], *, tau: float = 1.0, top_k: int = 0, seed: int = 0,
+              keys: list[int] | None = None, positions: list[int] | None = None) -> StepView:
+    """One decode step of LOGITS' rows, every row eligible, y = token; the view's p after temperature tau and a
+    top-k filter (what the sampler hands a strategy), the raw logits as they came."""
+    B = LOGITS.shape[0]
+    scaled = filtered_logits(LOGITS, tau, top_k)
+    keys = torch.tensor(keys if keys is not None else list(range(B)))
+    positions = torch.tensor(positions if positions is not None else [0] * B)
+    return StepView(x, scaled, scaled.softmax(-1), torch.tensor(token), torch.ones(B, dtype=torch.bool),
+                    torch.full((B,), 0.5, dtype=torch.float64), tau, EMBED, None, RowDraws(seed, keys, positions), {},
+                    LOGITS.clone())
+
+
+# ----------------------------------------------------------------------------- Mixture of Inputs
+
+
+def mixinputs_by_hand(z: list[float], y: int, beta: float) -> list[float]:
+    """Zhuang et al. (arXiv 2505.14827), as the authors' gpu_model_runner.py computes it: the prior q = p renormalised
+    over the 20 most likely tokens of the raw logits, H_n = H(q) / log 20, the posterior (q + beta onehot(y)) /
+    (1 + beta), fed as H_n E[posterior] + (1 - H_n) E[y]; beta <= -99: sum q_c E[c]."""
+    top = ranked(z)[:20]
+    q = softmax([z[c] for c in top])
+    if beta <= -99:
+        return weighted_sum(q, top)
+    h = -sum(v * math.log(v) for v in q) / math.log(20)
+    posterior = [(v + beta * (c == y)) / (1 + beta) for v, c in zip(q, top)]
+    return weighted_sum([h * w for w in posterior] + [1 - h], top + [y])
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0, -100.0])
+def test_mixinputs_feeds_the_posterior_of_the_prior_and_the_sampled_token(beta):
+    """Row 0 samples the top token, row 1 one outside the top 20 (its posterior then sums to 1 / (1 + beta), as
+    the authors' code leaves it), row 2 the fifth. The view's temperature and top-k do not touch the prior."""
+    z = LOGITS.tolist()
+    token = [ranked(z[0])[0], ranked(z[1])[-1], ranked(z[2])[4]]
+    mixture = STRATEGIES["mixinputs"].explore(step_view(Exploration("mixinputs", mixinputs_beta=beta), token,
+                                                        tau=0.6, top_k=5))
+    expected = torch.tensor([mixinputs_by_hand(z[b], token[b], beta) for b in range(3)], dtype=torch.float64)
+    assert torch.allclose(mixture.inputs.double(), expected, atol=1e-5, rtol=0)
+    assert mixture.mixed.all() and mixture.cand_ids.shape == (3, 21)
+    # the record rebuilds the fed input exactly (what replay.py feeds)
+    assert torch.equal(mixture_inputs(EMBED, {"cand_ids": mixture.cand_ids, "cand_weights": mixture.cand_weights}),
+                       mixture.inputs)
+
+
+# ----------------------------------------------------------------------------- Gumbel-softmax soft tokens
+
+
+def soft_gumbel_by_hand(z: list[float], tau: float, k: int, tau_g: float, u: list[float]) -> list[float]:
+    """Wu et al. (arXiv 2508.03440), the authors' sglang sampler: q = p = softmax(z / tau) renormalised over its top
+    k, w = softmax((log q + g) / tau_g) with g = -log(-log u) one Gumbel draw per candidate, fed sum w_c E[c]."""
+    p = softmax([v / tau for v in z])
+    top = ranked(p)[:k]
+    q = [p[c] / sum(p[c] for c in top) for c in top]
+    w = softmax([(math.log(v) - math.log(-math.log(ui))) / tau_g for v, ui in zip(q, u)])
+    return weighted_sum(w, top)
+
+
+@pytest.mark.parametrize("tau, tau_g", [(1.0, 0.5), (0.6, 1.0)])
+def test_soft_gumbel_feeds_the_gumbel_softmax_of_the_top_k(tau, tau_g):
+    """Keys 7, 3, 12 at positions 4, 0, 9: each row's Gumbel draws are the uniforms of its own GUMBEL stream at
+    (seed, key, position)."""
+    x = Exploration("soft-gumbel", top_k=4, gumbel_temperature=tau_g)
+    keys, positions = [7, 3, 12], [4, 0, 9]
+    mixture = STRATEGIES["soft-gumbel"].explore(step_view(x, [0, 0, 0], tau=tau, seed=5, keys=keys,
+                                                          positions=positions))
+    u = RowDraws(5, torch.tensor(keys), torch.tensor(positions)).uniform(GUMBEL, 4).tolist()
+    expected = torch.tensor([soft_gumbel_by_hand(z, tau, 4, tau_g, u[b]) for b, z in enumerate(LOGITS.tolist())],
+                            dtype=torch.float64)
+    assert torch.allclose(mixture.inputs.double(), expected, atol=1e-5, rtol=0)
+    assert torch.equal(mixture_inputs(EMBED, {"cand_ids": mixture.cand_ids, "cand_weights": mixture.cand_weights}),
+                       mixture.inputs)
+
+
+def test_soft_gumbel_weights_move_with_the_draws_not_the_probabilities_alone():
+    """Different seeds give different weights over the same candidates (plain `soft` would feed q itself)."""
+    x = Exploration("soft-gumbel", top_k=4, gumbel_temperature=0.5)
+    a, b = (STRATEGIES["soft-gumbel"].explore(step_view(x, [0, 0, 0], seed=s)) for s in (1, 2))
+    assert torch.equal(a.cand_ids.sort(-1).values, b.cand_ids.sort(-1).values)
+    assert not torch.allclose(a.cand_weights, b.cand_weights)
+
+
+# ----------------------------------------------------------------------------- Soft Thinking's min-p
+
+
+def test_min_p_keeps_the_tokens_within_min_p_of_the_top_token_after_top_k():
+    z = LOGITS[0].tolist()
+    for min_p, top_k in ((0.1, 0), (0.3, 6), (0.02, 12)):
+        kept = filtered_logits(LOGITS[:1], 0.8, top_k, 1.0, min_p)[0] > float("-inf")
+        p = softmax([v / 0.8 for v in z])
+        candidates = ranked(p)[:top_k] if top_k else list(range(V))
+        expected = [c in candidates and p[c] >= min_p * max(p) for c in range(V)]
+        assert kept.tolist() == expected
+
+
+# ----------------------------------------------------------------------------- Cold Stop
+
+THINK_END, EOS, SURE = 60, 61, 10  # </think>, the stop id, the token a low-entropy step is sure of
+FLAT, LOW, END = 0, 1, 2  # a scripted step: high entropy; sure of SURE; sure of EOS
+N_LOW = 6  # Cold Stop's steps in a row
+# Each row's script by response position (then FLAT), the position Cold Stop forces </think> (None: never) and its
+# length. Row 1 and row 3 end thinking-on with their counters at 2 and 3: whatever row enters their slot next
+# must start from 0 (rows 2 and 5 would stop early otherwise); row 0 counts across the refill of the other slot;
+# row 4's count restarts at its flat step 5.
+SCRIPTS = [
+    ([FLAT, FLAT] + [LOW] * 8 + [FLAT, END], 7, 12),
+    ([FLAT, LOW, END], None, 3),
+    ([LOW] * 7 + [END], 5, 8),
+    ([FLAT, FLAT, FLAT, LOW, LOW, END], None, 6),
+    ([LOW] * 5 + [FLAT] + [LOW] * 6 + [FLAT, END], 11, 14),
+    ([FLAT] + [LOW] * 6 + [FLAT, END], 6, 9),
+]
+
+
+@pytest.fixture(scope="module")
+def cold_model():
+    cfg = ModelConfig(family="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+    model = random_model(cfg, seed=4).eval()
+    yield model
+    engine.release_decoder(model)
+
+
+def scripted_logits(codes: torch.Tensor) -> torch.Tensor:
+    """[len(codes), V] logits of each code: flat (never </think> or EOS), sure of SURE, sure of EOS."""
+    flat = torch.zeros(64)
+    flat[[THINK_END, EOS]] = -1e4
+    low, end = flat.clone(), torch.zeros(64)
+    low[SURE] = 30.0
+    end[EOS], end[THINK_END] = 30.0, -1e4
+    return torch.stack([flat, low, end])[codes]
+
+
+@pytest.mark.parametrize("strategy", ["soft", "soft-gumbel"])
+@pytest.mark.parametrize("slots", [1, 2, 6])
+def test_cold_stop_ends_thinking_where_the_entropy_stayed_low_for_n_steps(cold_model, monkeypatch, strategy, slots):
+    """The model's logits replaced by each row's script at its response position (the sampler reads them through
+    the engine's slots, refill and step ring): the N-th low-entropy step in a row emits </think>, fed unmixed;
+    every thinking step before it is mixed, none after."""
+    T = 16
+    codes = torch.tensor([script + [FLAT] * (T - len(script)) for script, _, _ in SCRIPTS])  # [rows, T]
+    real_call = rollout.Sampler.__call__
+
+    def scripted(self, logits, state, live, backend=None):
+        row_codes = codes[state.key.clamp(0, len(SCRIPTS) - 1), state.length.clamp(max=T - 1)]  # [S]
+        return real_call(self, scripted_logits(row_codes), state, live, backend)
+
+    monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
+    x = Exploration(strategy, top_k=3, stop_mixing_id=THINK_END, cold_stop_entropy=0.5, cold_stop_steps=N_LOW)
+    result = generate(cold_model, [[1, 2, 3]] * len(SCRIPTS), Sampling(temperature=1.0, max_new_tokens=T,
+                                                                       stop_ids=(EOS,)), x, seed=3, slots=slots)
+    for row, (script, stop, length) in enumerate(SCRIPTS):
+        ids = result.response_ids[row, :length].tolist()
+        assert int(result.lengths[row]) == length and ids[-1] == EOS, (row, ids)
+        assert [t for t, y in enumerate(ids) if y == THINK_END] == ([] if stop is None else [stop]), (row, ids)
+        thinking = length if stop is None else stop
+        assert result.mixed[row, :length].tolist() == [t < thinking for t in range(length)], row
+        if stop is not None:
+            assert result.cand_ids[row, stop, 0] == THINK_END and result.cand_weights[row, stop, 0] == 1.0
+            assert math.isfinite(float(result.logprobs[row, stop]))
+
+
+def test_cold_stop_needs_the_token_it_forces():
+    with pytest.raises(ValueError, match="Cold Stop"):
+        Exploration("soft", cold_stop_entropy=0.1)
+    with pytest.raises(ValueError, match="Cold Stop"):
+        Exploration("gaussian", cold_stop_entropy=0.1, stop_mixing_id=5)
+
+
+# ----------------------------------------------------------------------------- training replays what was fed
+
+TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
+COLD_STOP = dict(early_stopping_entropy_threshold=10.0, early_stopping_length_threshold=3)  # > log V: every step
+
+
+def tiny_run(tmp_path, name: str, **overrides):
+    base = dict(out_dir=str(tmp_path / name), prompts_per_step=4, mini_batch_prompts=4, micro_batch_size=16,
+                max_new_tokens=16, max_steps=1)
+    return replace(preset("tiny"), **{**base, **overrides})
+
+
+def read_metrics(run_dir) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("flags", [dict(explore="mixinputs"), dict(explore="soft-gumbel"),
+                                   dict(explore="soft", **COLD_STOP), dict(explore="soft-gumbel", **COLD_STOP)],
+                         ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop"])
+def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
+    """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
+    train.run(tiny_run(tmp_path, "run", **flags))
+    (metrics,) = read_metrics(tmp_path / "run")
+    assert metrics["logp_gap_max"] <= 1e-5, metrics["logp_gap_max"]
+
+
+def test_a_resumed_soft_gumbel_cold_stop_run_equals_an_uninterrupted_one(tmp_path, one_thread):
+    flags = dict(explore="soft-gumbel", save_every=2, **COLD_STOP)
+    train.run(tiny_run(tmp_path, "straight", max_steps=4, **flags))
+    cut = tiny_run(tmp_path, "cut", max_steps=2, **flags)
+    train.run(cut)
+    train.run(replace(cut, max_steps=4, resume=True))
+    assert read_metrics(tmp_path / "cut") == read_metrics(tmp_path / "straight")
+    a, b = (load_model(str(tmp_path / run / "checkpoints" / "step-4"), dtype=torch.float32, device="cpu")
+            for run in ("straight", "cut"))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
