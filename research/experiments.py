@@ -253,17 +253,24 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
 # ----------------------------------------------------------------------------- the table
 
 
-def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> dict:
-    """benchmark (and "average") -> metric -> {mean, ci, per_seed}: a table row from its seeds' eval dirs."""
+def problem_values(evaluations: list[Path], metrics: list[str]) -> dict[str, tuple[list, torch.Tensor]]:
+    """benchmark -> (its problem ids, [seeds, P, S] each seed's score of each problem for each metric)."""
     runs = [load_samples(d) for d in evaluations]
-    generator = torch.Generator().manual_seed(0)
-    cells, average_draws = {}, []
+    values = {}
     for benchmark in runs[0]:
         ids = sorted(runs[0][benchmark])
         if any(sorted(run.get(benchmark, {})) != ids for run in runs):
             raise SweepError(f"{benchmark}: the seeds of one row evaluated different problems: {evaluations}")
-        per_seed = torch.stack([metric_values([run[benchmark][i] for i in ids], metrics)
-                                for run in runs])  # [seeds, P, S]
+        values[benchmark] = ids, torch.stack([metric_values([run[benchmark][i] for i in ids], metrics)
+                                              for run in runs])
+    return values
+
+
+def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> dict:
+    """benchmark (and "average") -> metric -> {mean, ci, per_seed}: a table row from its seeds' eval dirs."""
+    generator = torch.Generator().manual_seed(0)
+    cells, average_draws = {}, []
+    for benchmark, (_, per_seed) in problem_values(evaluations, metrics).items():  # per_seed [seeds, P, S]
         values = per_seed.mean(0)  # [P, S]: each problem's score averaged over seeds
         draws = bootstrap_means(values, resamples, generator)  # [B, S]
         bounds = percentile_interval(draws, LEVEL).tolist()
@@ -280,6 +287,34 @@ def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> di
         cells["average"] = {m: {"mean": float(means[s]), "ci": bounds[s], "per_seed": per_seed[:, s].tolist()}
                             for s, m in enumerate(metrics)}
     return cells
+
+
+def paired_lines(by_row: dict[str, list[Path]], seeds: dict[str, list[int]], metrics: list[str],
+                 resamples: int) -> list[str]:
+    """Each row against the first, paired: on each benchmark, the mean over problems of (row - first) of each
+    problem's score averaged over the seeds both ran, with a percentile bootstrap interval over problems (the same
+    resampled problems for both rows: the problems' own difficulty cancels)."""
+    first, *others = by_row
+    lines = ["", f"Paired against {first} (percentage points; {LEVEL:.0%} bootstrap interval over problems of each "
+             "problem's difference of seed means; the seeds both rows ran):", ""]
+    base = dict(zip(seeds[first], by_row[first]))
+    for row in others:
+        shared = [seed for seed in seeds[row] if seed in base]
+        if not shared:
+            continue
+        mine = dict(zip(seeds[row], by_row[row]))
+        theirs = problem_values([base[seed] for seed in shared], metrics)
+        cells = []
+        for benchmark, (ids, values) in problem_values([mine[seed] for seed in shared], metrics).items():
+            if benchmark not in theirs or theirs[benchmark][0] != ids:
+                continue
+            difference = values.mean(0) - theirs[benchmark][1].mean(0)  # [P, S]
+            draws = bootstrap_means(difference, resamples, torch.Generator().manual_seed(0))
+            for s, (low, high) in enumerate(percentile_interval(draws, LEVEL).tolist()):
+                cells.append(f"{benchmark} {metrics[s]} {100 * float(difference[:, s].mean()):+.1f} "
+                             f"[{100 * low:+.1f}, {100 * high:+.1f}]")
+        lines.append(f"- {row} - {first} (seeds {' '.join(map(str, shared))}): " + "; ".join(cells))
+    return lines
 
 
 def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES) -> tuple[str, str]:
@@ -317,6 +352,8 @@ def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES) -> tu
     lines.append(f"Percent; mean over seeds [{LEVEL:.0%} percentile bootstrap interval over problems, "
                  f"{resamples} resamples, of each problem's score averaged over seeds{average}]. Seeds: "
                  + "; ".join(f"{row}: {' '.join(map(str, s))}" for row, s in seeds.items()))
+    if len(by_row) > 1:
+        lines += paired_lines(by_row, seeds, metrics, resamples)
     return "\n".join(lines) + "\n", out.getvalue()
 
 

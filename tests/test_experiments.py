@@ -87,6 +87,26 @@ def test_table_means_over_seeds_equal_the_results_files(tmp_path):
         assert rows[(row, "set1", "mean@4")]["seeds"] == "0 1 2"
 
 
+def test_each_row_is_paired_against_the_first_by_hand(tmp_path):
+    sweep = {"seeds": [0, 1], "metrics": ["mean@4"], "eval": {"n": 4},
+             "runs": [{"name": "A", "model": "tiny"}, {"name": "B", "model": "tiny"}]}
+    jobs = X.plan(sweep, tmp_path)
+    correct = {  # (row, seed) -> problem -> how many of its 4 samples are right
+        ("A", 0): [0, 1, 4, 2], ("A", 1): [0, 3, 4, 2], ("B", 0): [1, 4, 4, 2], ("B", 1): [3, 4, 4, 0]}
+    for job in jobs:
+        for evaluation in job["evals"]:
+            counts = correct[(evaluation["row"], job["seed"])]
+            write_eval(evaluation["dir"], {"set1": {f"q{i}": [s < c for s in range(4)] for i, c in enumerate(counts)}})
+    markdown, _ = X.build_table(sweep, jobs, resamples=2000)
+    # Seed means per problem: A 0, 2, 4, 2 and B 2, 4, 4, 1 correct of 4: differences +0.5, +0.5, 0, -0.25.
+    expected = 100 * (0.5 + 0.5 + 0.0 - 0.25) / 4
+    line = next(line for line in markdown.splitlines() if line.startswith("- B - A (seeds 0 1): "))
+    value, interval = line.split("set1 mean@4 ")[1].split(" [")
+    assert float(value) == pytest.approx(expected, abs=0.051)  # printed to 0.1
+    low, high = (float(x) for x in interval.rstrip("]").split(", "))
+    assert -25.0 <= low <= expected <= high <= 50.0  # within the smallest and largest per-problem difference
+
+
 def test_a_directory_of_other_flags_is_not_reused(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
