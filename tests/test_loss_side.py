@@ -16,6 +16,7 @@ from config import Config, preset
 from engine.logprobs import token_logprobs
 from estimators import EntropyControl, high_entropy_mask, kl_penalty
 from model import TINY_CONFIG, load_model, random_model
+from reward import RewardPool
 from rollout import Sampling, generate
 from runtime.diagnostics import LearningSignal
 
@@ -166,3 +167,22 @@ def test_the_loss_side_update_equals_a_brute_force_loss():
         if expected[name] is None:  # frozen (the input embeddings)
             continue
         assert torch.allclose(before[name] - p.detach(), expected[name], atol=2e-6), name
+
+
+def test_a_top_entropy_quantile_of_1_is_the_run_without_it(tmp_path, one_thread, monkeypatch):
+    # Rewards by the parity of a response's length: the random model's groups have advantages to train on.
+    monkeypatch.setattr(RewardPool, "score", lambda self, pairs, kind="math": [float(len(t) % 2) for t, _ in pairs])
+    base = replace(preset("tiny"), prompts_per_step=4, mini_batch_prompts=4, micro_batch_size=16, max_new_tokens=8,
+                   max_steps=2, kl_coef=0.05, entropy_coef=0.01, save_every=2)
+    runs = {}
+    for name, cfg in (("without", base), ("q=1", replace(base, top_entropy_quantile=1.0)),
+                      ("q=0.5", replace(base, top_entropy_quantile=0.5))):
+        train.run(replace(cfg, out_dir=str(tmp_path / name)))
+        metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        weights = load_model(str(tmp_path / name / "checkpoints" / "step-2"), dtype=torch.float32,
+                             device="cpu").state_dict()
+        runs[name] = [{k: v for k, v in m.items() if not k.endswith(("_s", "_per_s"))} for m in metrics], weights
+    assert runs["q=1"][0] == runs["without"][0]
+    assert all(torch.equal(runs["q=1"][1][k], runs["without"][1][k]) for k in runs["without"][1])
+    assert all(0.5 <= m["pg_token_frac"] < 0.55 for m in runs["q=0.5"][0])  # the fraction trained on, logged
+    assert any(not torch.equal(runs["q=0.5"][1][k], runs["without"][1][k]) for k in runs["without"][1])
