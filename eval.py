@@ -39,7 +39,7 @@ import reward
 from model import load_model, resolve_device
 from neighbors import table_for
 from rollout import Sampling, exploration_from_config, generate
-from runtime import distributed, guard, tracking
+from runtime import cli, distributed, guard, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.distributed import World
 
@@ -492,17 +492,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n", type=int, default=32, help="samples per problem (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=0, help="sequences decoded together (default: 0 = as "
                         "many as half the free GPU memory holds; 16 on a CPU)")
-    config.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS, EVAL_HELP)
+    cli.add_config_flags(parser, EVAL_FIELDS, EVAL_DEFAULTS, EVAL_HELP)
     return parser
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
     """The eval-only flags and a Config of the shared ones, validated by the same rules as train.py's."""
     parser = build_parser()
-    with config.quiet_on_broken_pipe():  # --help | head
+    with cli.quiet_on_broken_pipe():  # --help | head
         args = parser.parse_args(argv)
     shared = {**EVAL_DEFAULTS, **{name: getattr(args, name) for name in EVAL_FIELDS if hasattr(args, name)}}
-    typed = config.typed_values(sys.argv[1:] if argv is None else argv)
+    typed = cli.typed_values(sys.argv[1:] if argv is None else argv)
     rules = [
         ("n", args.n >= 1, "must be at least 1"),
         ("limit", args.limit is None or args.limit >= 1, "must be at least 1"),

@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 import eval as evaluation
-from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config, parse_config
+from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config
 from data import (
     DataError,
     HubUnreachable,
@@ -50,6 +50,7 @@ from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
 from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
+from runtime.cli import parse_config
 from runtime.diagnostics import Watch, group_diversity, mixture_closeness
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start

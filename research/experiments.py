@@ -45,10 +45,10 @@ from pathlib import Path
 import torch
 
 import data
-from config import parse_config
 from eval import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
 from eval import parse_args as evaluation_args
 from research.analysis import load_samples
+from runtime.cli import parse_config
 from runtime.tracking import LOG_EVERY_S, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo: train.py and eval.py are there

@@ -4,8 +4,9 @@ import dataclasses
 
 import pytest
 
-from config import Config, build_parser, parse_config, preset
+from config import Config, preset
 from rollout import exploration_from_config
+from runtime.cli import build_parser, parse_config
 from strategies import STRATEGIES
 
 # The design document, read by hand: the released code's N-GRPO recipe for DeepSeek-R1-Distill-Qwen-1.5B

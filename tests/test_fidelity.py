@@ -14,7 +14,8 @@ import eval as E
 import ngrpo
 import rollout
 import train
-from config import parse_config, preset
+from config import preset
+from runtime.cli import parse_config
 
 # (preset, released file): the values the released yaml sets (and verl's ppo_trainer defaults it inherits).
 RELEASED = [

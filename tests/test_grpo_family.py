@@ -14,8 +14,9 @@ import torch
 import estimators
 import ngrpo
 import train
-from config import PRESETS, Config, parse_config, preset
+from config import PRESETS, Config, preset
 from reward import RewardPool
+from runtime.cli import parse_config
 
 TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
 

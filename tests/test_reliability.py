@@ -317,7 +317,7 @@ INJECT_ENOSPC = """
 import errno, sys
 sys.path.insert(0, {root!r})
 import torch, train
-from config import parse_config
+from runtime.cli import parse_config
 real_save = torch.save
 def full_disk(obj, path, *args, **kwargs):
     if "/.step-2-" in str(path):  # the second checkpoint's files
@@ -430,7 +430,7 @@ def test_a_read_only_out_dir_is_one_line(tmp_path, capsys):
     (["--val-n", "4"], "--val-n 4: has no effect without --val-data"),
 ])
 def test_a_value_out_of_range_is_refused_naming_its_flag_as_typed(flags, message, capsys):
-    from config import parse_config
+    from runtime.cli import parse_config
 
     with pytest.raises(SystemExit) as stopped:
         parse_config(["--preset", "tiny", *flags])
@@ -491,7 +491,7 @@ def test_eval_help_speaks_of_evaluation_not_training():
 def test_the_demo_duration_and_the_torch_pin_agree_with_what_they_are_quoted_by():
     import re
 
-    from config import build_parser
+    from runtime.cli import build_parser
 
     readme = (ROOT / "README.md").read_text()
     seconds = re.search(r"(\d+-\d+) s per run", readme).group(1)  # the demo's measured walls

@@ -19,11 +19,12 @@ import torch
 
 import ngrpo
 import train
-from config import PRESETS, Config, parse_config, preset
+from config import PRESETS, Config, preset
 from model import TINY_CONFIG, load_model, random_model
 from ngrpo import RolloutCorrection, importance_weights, mismatch_metrics, mismatch_sums
 from reward import RewardPool
 from rollout import Sampling, generate
+from runtime.cli import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("token-truncate", "token-mask", "sequence-truncate", "sequence-mask")

@@ -161,7 +161,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 import train, model
 from runtime import checkpoint
-from config import parse_config
+from runtime.cli import parse_config
 calls = []
 real_save = model.save_model
 def save_then_die(m, out_dir, tokenizer=None, **kwargs):
