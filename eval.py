@@ -39,7 +39,7 @@ import reward
 from model import load_model, resolve_device
 from neighbors import table_for
 from rollout import Sampling, exploration_from_config, generate
-from runtime import cli, distributed, guard, tracking
+from runtime import cli, distributed, guard, lora, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.distributed import World
 
@@ -642,7 +642,8 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         flag = f"--model {cfg.model}"
         try:
-            model = load_model(cfg.model, dtype=dtype, device=device).eval()
+            model = (lora.load_merged(cfg.model, dtype=dtype, device=device) if lora.is_adapter(cfg.model)
+                     else load_model(cfg.model, dtype=dtype, device=device)).eval()  # a --lora-rank checkpoint merged
             flag = f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else flag
             tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
         except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line

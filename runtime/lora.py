@@ -250,6 +250,26 @@ def export_merged(model: Transformer, out_dir, tokenizer=None, *, dtype: torch.d
     save_model(merged_copy(model, dtype=dtype, device="cpu"), out_dir, tokenizer)
 
 
+def is_adapter(path) -> bool:
+    """Whether `path` is a directory holding an adapter (adapter_config.json): a --lora-rank checkpoint."""
+    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
+
+
+def load_merged(checkpoint, *, dtype: torch.dtype = torch.float32, device="cpu", base: str = "",
+                seed: int | None = None) -> Transformer:
+    """The adapter in `checkpoint` merged into its base (`base`, default adapter_config.json's
+    base_model_name_or_path): a plain Transformer, as eval.py and the export use it. seed: a random base's (tiny);
+    default the --seed of the run that wrote the checkpoint (its config.json.run), else 0."""
+    settings = LoraSettings.read(checkpoint)
+    run_config = Path(checkpoint) / "config.json.run"
+    if seed is None:
+        seed = json.loads(run_config.read_text()).get("seed", 0) if run_config.is_file() else 0
+    model = load_model(base or settings.base_model, dtype=torch.float32, device="cpu", seed=seed)
+    add_adapters(model, settings)
+    load_adapters(model, checkpoint)
+    return merged_copy(model, dtype=dtype, device=device)
+
+
 def adapt_policy(policy: Transformer, cfg, *, warm_start: Path | None = None,
                  saved: Path | None = None) -> list[nn.Parameter]:
     """train.py's --lora-rank (cfg: its Config): `policy` frozen as the base, bf16 on a GPU, with adapters of cfg's
@@ -276,18 +296,16 @@ def main(argv=None) -> None:
     parser.add_argument("out_dir", help="where the merged checkpoint goes")
     parser.add_argument("--base", default="", help="the base model (default: adapter_config.json's "
                         "base_model_name_or_path)")
-    parser.add_argument("--seed", type=int, default=0, help="with a random base (tiny): the run's --seed")
+    parser.add_argument("--seed", type=int, default=None, help="with a random base (tiny): the run's --seed "
+                        "(default: the one in the checkpoint's config.json.run, else 0)")
     args = parser.parse_args(argv)
     try:
-        settings = LoraSettings.read(args.checkpoint)
-        base = load_model(args.base or settings.base_model, dtype=torch.float32, device="cpu", seed=args.seed)
-        add_adapters(base, settings)
-        load_adapters(base, args.checkpoint)
+        merged = load_merged(args.checkpoint, base=args.base, seed=args.seed)
     except (OSError, ValueError) as error:
         parser.error(str(error))
     # train.py's checkpoints carry the run's tokenizer: the merged model gets it too
     tokenizer = load_tokenizer(args.checkpoint) if (Path(args.checkpoint) / "tokenizer_config.json").exists() else None
-    export_merged(base, args.out_dir, tokenizer)
+    save_model(merged, args.out_dir, tokenizer)
     print(f"merged model written to {args.out_dir}")
 
 

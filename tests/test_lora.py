@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import eval as E
 import train
 from config import preset
 from model import TINY_CONFIG, load_model, random_model, save_model
@@ -246,3 +247,9 @@ def test_lora_resume_continues_exactly_and_the_checkpoint_exports_merged(tmp_pat
     expected = merged_by_hand(base, adapters, 16.0 / 8)
     for name, value in merged.items():
         torch.testing.assert_close(value, expected[name], rtol=1e-6, atol=1e-7, msg=name)
+    # eval.py takes either: the checkpoint itself (merged as it loads) scores exactly as its merged export.
+    flags = ["--benchmarks", "arith", "--limit", "3", "--n", "2", "--max-new-tokens", "8", "--instruction", ""]
+    for name, model in (("adapter", step4[0]), ("export", tmp_path / "merged")):
+        E.main(["--model", str(model), "--tokenizer", "tiny", *flags, "--out-dir", str(tmp_path / f"eval-{name}")])
+    for name in ("results.json", "samples.jsonl"):
+        assert (tmp_path / "eval-adapter" / name).read_text() == (tmp_path / "eval-export" / name).read_text()
