@@ -51,7 +51,8 @@ def no_such_path(name: str, what: str) -> str:
     path = Path(name).expanduser()
     folder = next((p for p in path.parents if p.is_dir()), Path("."))
     held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))[:8] if folder.is_dir() else []
-    return f"{name}: no such {what}" + (f" ({folder}/ holds: {', '.join(held)})" if held else "")
+    shown = str(folder).rstrip("/") + "/"  # "runs/", and "/" rather than "//"
+    return f"{name}: no such {what}" + (f" ({shown} holds: {', '.join(held)})" if held else "")
 
 
 def hub_snapshot(repo_id: str, *, allow_patterns: list[str], instead: str, repo_type: str = "model") -> Path:

@@ -264,7 +264,11 @@ def load_merged(checkpoint, *, dtype: torch.dtype = torch.float32, device="cpu",
     run_config = Path(checkpoint) / "config.json.run"
     if seed is None:
         seed = json.loads(run_config.read_text()).get("seed", 0) if run_config.is_file() else 0
-    model = load_model(base or settings.base_model, dtype=torch.float32, device="cpu", seed=seed)
+    try:
+        model = load_model(base or settings.base_model, dtype=torch.float32, device="cpu", seed=seed)
+    except (OSError, ValueError) as error:  # the base moved since the adapter was written: say whose base it is
+        raise type(error)(f"the base model of the adapter in {checkpoint} ({ADAPTER_CONFIG}'s "
+                          f"base_model_name_or_path): {error}") from None
     add_adapters(model, settings)
     load_adapters(model, checkpoint)
     return merged_copy(model, dtype=dtype, device=device)
@@ -302,7 +306,7 @@ def main(argv=None) -> None:
     try:
         merged = load_merged(args.checkpoint, base=args.base, seed=args.seed)
     except (OSError, ValueError) as error:
-        parser.error(str(error))
+        parser.error(f"{error}{'' if args.base else '; --base names the base model where it is now'}")
     # train.py's checkpoints carry the run's tokenizer: the merged model gets it too
     tokenizer = load_tokenizer(args.checkpoint) if (Path(args.checkpoint) / "tokenizer_config.json").exists() else None
     save_model(merged, args.out_dir, tokenizer)

@@ -117,6 +117,15 @@ def test_adapters_load_back_and_refuse_another_shape(tmp_path):
         lora.load_adapters(other, tmp_path)
 
 
+def test_an_adapter_whose_base_moved_names_the_base_and_the_adapter(tmp_path):
+    lora.save_adapters(adapted(base_model=str(tmp_path / "gone" / "base")), tmp_path / "adapter")
+    with pytest.raises(FileNotFoundError) as error:
+        lora.load_merged(tmp_path / "adapter")
+    message = str(error.value)
+    assert message.startswith(f"the base model of the adapter in {tmp_path / 'adapter'} (adapter_config.json's ")
+    assert f"{tmp_path / 'gone' / 'base'}: no such checkpoint directory ({tmp_path}/ holds: adapter" in message
+
+
 @torch.no_grad()
 def test_saved_adapter_loads_in_peft_with_our_logits(tmp_path):
     peft = pytest.importorskip("peft", reason="peft is not installed (pip install peft): the PEFT format is unchecked")
