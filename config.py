@@ -146,7 +146,8 @@ class Config:
     entropy_target: float = option(0.0, "> 0: adaptive entropy control (Skywork-OR1, arXiv 2505.22312): the bonus "
                                    "is on while the rollouts' entropy is at most this, its coefficient moving by "
                                    "--entropy-coef-delta a step toward holding it; 0 = the fixed --entropy-coef")
-    entropy_coef_delta: float = option(0.0005, "adaptive entropy control: the coefficient's change per step")
+    entropy_coef_delta: float = option(0.0005, "adaptive entropy control: the coefficient's change per step "
+                                       "(Skywork-OR1's Delta, arXiv 2505.22312)")
     top_entropy_quantile: float = option(1.0, "the policy gradient only on this fraction of the batch's response "
                                          "tokens, those of highest entropy under the policy that drew them (Wang et "
                                          "al., arXiv 2506.01939: 0.2; TRL's top_entropy_quantile, the release's "
@@ -192,7 +193,8 @@ class Config:
                                 "2501.03262); passk = an unbiased gradient of pass@k (Walder and Karkhanis, arXiv "
                                 "2505.15201)", ("grpo", "negative", "rloo", "reinforce-baseline", "passk"),
                                 aliases=("--advantage",))
-    pass_k: int = option(2, "passk: the k of pass@k (1 = rloo; at most --group-size)")
+    pass_k: int = option(2, "passk: the k of the pass@k the advantage is an unbiased gradient of (Walder and "
+                         "Karkhanis, arXiv 2505.15201; 1 = rloo; at most --group-size)")
     virtual_max_reward: float = option(1.0, "negative: the reward of each virtual sample")
     virtual_max_count: int = option(1, "negative: virtual samples added to each group (m)")
     filter_groups: str = option("none", "drop groups with no learning signal before the update: all = every group "
