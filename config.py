@@ -101,6 +101,9 @@ class Config:
                                                      "--stop-mixing-token once the entropy (nats) stays under this "
                                                      "for the next flag's steps in a row (0 = off)")
     early_stopping_length_threshold: int = option(256, "soft / soft-gumbel: Cold Stop's steps")
+    dirichlet_alpha: float = option(0.0, "soft / soft-gumbel: Dirichlet noise, p replaced by a draw of Dirichlet("
+                                    "alpha p) before the top-k (Soft Thinking's --add_noise_dirichlet "
+                                    "--dirichlet_alpha, its sglang layers/sampler.py; 0 = off)")
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
@@ -399,6 +402,7 @@ RANGES = {
     "min_p": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"), "gumbel_temperature": _POSITIVE,
     "mixinputs_beta": (lambda v: v >= 0 or v <= -99, "must be >= 0 (or <= -99: the direct mixture)"),
     "early_stopping_entropy_threshold": _AT_LEAST_0, "early_stopping_length_threshold": _AT_LEAST_1,
+    "dirichlet_alpha": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
     "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
     "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
     "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -506,7 +510,7 @@ IDLE_WITHOUT = {
                    "neighbor and mixinputs"),
     "mixinputs_beta": (lambda c: c.explore == "mixinputs", "--explore mixinputs"),
     "gumbel_temperature": (lambda c: c.explore == "soft-gumbel", "--explore soft-gumbel"),
-    **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold"),
+    **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold", "dirichlet_alpha"),
                     (lambda c: c.explore in COLD_STOP, "--explore soft or soft-gumbel")),
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
     "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),

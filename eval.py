@@ -431,8 +431,8 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "min_p", "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
                "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
                "noise_sigma", "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
-               "early_stopping_length_threshold", "seed", "out_dir", "resume", "overwrite", "device",
-               "dist_timeout_s", "grader", "reward", "require_boxed", "rel_tol", "reward_timeout_s")
+               "early_stopping_length_threshold", "dirichlet_alpha", "seed", "out_dir", "resume", "overwrite",
+               "device", "dist_timeout_s", "grader", "reward", "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
 EVAL_HELP = {

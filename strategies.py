@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from engine.draws import GUMBEL, NOISE, RowDraws, normal_from_keys
+from engine.draws import DIRICHLET, GUMBEL, NOISE, RowDraws, gamma_log_draws, normal_from_keys
 
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
@@ -64,6 +64,7 @@ class Exploration:
     gumbel_temperature: float = 0.5  # soft-gumbel: the Gumbel-softmax temperature
     cold_stop_entropy: float = 0.0  # soft / soft-gumbel: Cold Stop's entropy threshold in nats (0 = off)
     cold_stop_steps: int = 256  # ... and the steps in a row under it that end thinking (force stop_mixing_id)
+    dirichlet_alpha: float = 0.0  # soft / soft-gumbel: p -> a Dirichlet(alpha p) draw before the top-k (0 = off)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -85,6 +86,8 @@ class Exploration:
                              "cold_stop_steps >= 1, mixinputs_beta >= 0 (or <= -99: the direct mixture)")
         if self.cold_stop_entropy > 0 and (self.strategy not in COLD_STOP or self.stop_mixing_id is None):
             raise ValueError("Cold Stop forces stop_mixing_id (</think>): it needs one, and soft or soft-gumbel")
+        if self.dirichlet_alpha < 0 or (self.dirichlet_alpha > 0 and self.strategy not in COLD_STOP):
+            raise ValueError("Dirichlet noise needs dirichlet_alpha >= 0 (0 = off), and soft or soft-gumbel")
 
     @property
     def num_candidates(self) -> int:
@@ -211,21 +214,34 @@ def cold_stop(view: StepView) -> StepView:
     return replace(view, token=torch.where(stop, x.stop_mixing_id, view.token), eligible=view.eligible & ~stop)
 
 
+def dirichlet_probs(view: StepView) -> torch.Tensor:
+    """[B, V] what Soft Thinking's top-k reads: p, or with dirichlet_alpha > 0 a draw of Dirichlet(alpha p) over the
+    vocabulary (its sglang sampler's `--add_noise_dirichlet`: Gamma(alpha p_v, 1) draws g_v, g / sum g; a token
+    top-k / top-p / min-p removed keeps 0). The Gamma draws come from the row's DIRICHLET stream
+    (engine.draws.gamma_log_draws); the record holds the weights they give, so the replay feeds them as they were."""
+    alpha = view.exploration.dirichlet_alpha
+    if alpha <= 0:
+        return view.probs
+    return gamma_log_draws(view.draws, DIRICHLET, alpha * view.probs).softmax(-1).to(view.probs.dtype)
+
+
 def explore_soft(view: StepView) -> Mixture:
-    """Soft Thinking: every thinking step feeds the top-k mixture of p (Cold Stop may end thinking)."""
+    """Soft Thinking: every thinking step feeds the top-k mixture of p, or of its Dirichlet draw (Cold Stop may end
+    thinking)."""
     x = view.exploration
     view = cold_stop(view)  # the action: the sample, or Cold Stop's </think>
-    mixture = mix_where(view, *soft_candidates(view.probs, x.top_k, x.mix_temperature), view.eligible)
+    mixture = mix_where(view, *soft_candidates(dirichlet_probs(view), x.top_k, x.mix_temperature), view.eligible)
     return replace(mixture, token=view.token if x.cold_stop_entropy > 0 else None)
 
 
 def explore_soft_gumbel(view: StepView) -> Mixture:
     """Randomized Soft Thinking (arXiv 2508.03440): every thinking step feeds the top-k tokens of p weighted
     w = softmax((log q + g) / tau_g), q = p renormalised over them, g = -log(-log u) a Gumbel draw per candidate
-    from the row's GUMBEL stream; the record holds w (Cold Stop may end thinking)."""
+    from the row's GUMBEL stream; the record holds w (Cold Stop may end thinking; Dirichlet noise moves p first).
+    """
     x = view.exploration
     view = cold_stop(view)
-    cand_ids, q = soft_candidates(view.probs, x.top_k)  # [B, K] each
+    cand_ids, q = soft_candidates(dirichlet_probs(view), x.top_k)  # [B, K] each
     gumbel = -(-view.draws.uniform(GUMBEL, x.top_k).log()).log()  # [B, K] float64
     weights = ((q.log() + gumbel.float()) / x.gumbel_temperature).softmax(-1)
     return replace(mix_where(view, cand_ids, weights, view.eligible), token=view.token if x.cold_stop_entropy else None)

@@ -23,7 +23,7 @@ import torch
 
 # Streams: one per kind of draw, so that the token, the mixing coin, the noise and the Gumbel perturbation of
 # a step are independent: a strategy's draws never move the sampled token.
-TOKEN, COIN, NOISE, GUMBEL = 1, 2, 3, 4
+TOKEN, COIN, NOISE, GUMBEL, DIRICHLET = 1, 2, 3, 4, 5
 
 MASK64 = (1 << 64) - 1
 
@@ -95,9 +95,9 @@ class RowDraws:
         """[B, n] int64 random bits."""
         return bits_from_keys(self.keys(stream), n)
 
-    def uniform(self, stream: int, n: int) -> torch.Tensor:
-        """[B, n] float64 in (0, 1)."""
-        return bits_to_uniform(self.bits(stream, n))
+    def uniform(self, stream: int, n: int, start: int = 0) -> torch.Tensor:
+        """[B, n] float64 in (0, 1): the stream's uniforms start + 1 .. start + n."""
+        return bits_to_uniform(bits_from_keys(self.keys(stream), n, start))
 
     def normal(self, stream: int, n: int) -> torch.Tensor:
         """[B, n] float32 standard normal draws."""
@@ -113,9 +113,9 @@ def step_uniforms(seed_state: torch.Tensor, row_keys: torch.Tensor,
     return draws.uniform(TOKEN, 1)[:, 0], draws.uniform(COIN, 1)[:, 0]
 
 
-def bits_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """[..., n] int64 random bits from keys [...]: splitmix64's outputs 1..n from each key."""
-    index = torch.arange(1, n + 1, device=keys.device) * GOLDEN  # [n]
+def bits_from_keys(keys: torch.Tensor, n: int, start: int = 0) -> torch.Tensor:
+    """[..., n] int64 random bits from keys [...]: splitmix64's outputs start + 1 .. start + n from each key."""
+    index = torch.arange(start + 1, start + n + 1, device=keys.device) * GOLDEN  # [n]
     return mix64(keys[..., None] + index)
 
 
@@ -124,3 +124,30 @@ def normal_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
     per draw. A recorded key gives the same draws again, so training can replay a step's noise."""
     u = bits_to_uniform(bits_from_keys(keys, 2 * n))
     return ((-2.0 * u[..., :n].log()).sqrt() * torch.cos(2 * torch.pi * u[..., n:])).float()
+
+
+GAMMA_TRIES = 8  # gamma_log_draws' proposals per draw: all 8 rejected with probability < 0.049^8 < 4e-11
+
+
+def gamma_log_draws(draws: RowDraws, stream: int, concentration: torch.Tensor) -> torch.Tensor:
+    """[B, n] float64: log g, g ~ Gamma(a, 1) for each a of concentration [B, n] (a >= 0; a = 0 gives -inf), from the
+    row's uniforms of `stream` alone, a fixed count of them: Marsaglia and Tsang's method (ACM TOMS 2000) for
+    Gamma(a + 1), times U^(1/a) (their boost, which torch's sampler uses for a < 1; here for every a, so that one
+    formula holds). Element i of a row reads the uniforms at index j n + i (block j of n): j = 0 is U; the
+    proposal r = 0 .. GAMMA_TRIES - 1 reads blocks 3r + 1, 3r + 2 (x = sqrt(-2 log u1) cos(2 pi u2), Box-Muller) and
+    3r + 3 (u, the acceptance test). The first proposal accepted is kept; if none is, x = 0 (v = 1). In log space,
+    so that a ~ 1e-9 (a token p gives ~0) underflows to no 0 / 0."""
+    a = concentration.double()
+    n = a.shape[-1]
+    d = a + 1.0 - 1.0 / 3.0
+    c = 1.0 / (9.0 * d).sqrt()
+    v_kept = torch.ones_like(a)
+    accepted = torch.zeros_like(a, dtype=torch.bool)
+    for r in range(GAMMA_TRIES):
+        u1, u2, u = (draws.uniform(stream, n, (3 * r + j) * n) for j in (1, 2, 3))
+        x = (-2.0 * u1.log()).sqrt() * torch.cos(2 * torch.pi * u2)
+        v = (1.0 + c * x) ** 3
+        ok = (v > 0) & (u.log() < 0.5 * x * x + d - d * v + d * v.clamp_min(1e-300).log()) & ~accepted
+        v_kept = torch.where(ok, v, v_kept)
+        accepted |= ok
+    return (d * v_kept).log() + draws.uniform(stream, n).log() / a

@@ -1,7 +1,7 @@
 """The soft-token methods beside N-GRPO (strategies.py): Mixture of Inputs (`mixinputs`), Randomized Soft Thinking's
-Gumbel-softmax soft tokens (`soft-gumbel`), and Soft Thinking's min-p and Cold Stop. Each fed input is checked
-against the paper's formula computed here by brute force (plain Python floats) on hand-set logits; Cold Stop on a
-scripted low-entropy stretch through the engine's slots and refill; and short tiny-model training runs, whose
+Gumbel-softmax soft tokens (`soft-gumbel`), and Soft Thinking's Dirichlet noise, min-p and Cold Stop. Each fed input is
+checked against the paper's formula computed here by brute force (plain Python floats) on hand-set logits; Cold Stop on
+a scripted low-entropy stretch through the engine's slots and refill; and short tiny-model training runs, whose
 logged sampler-vs-replay log-prob gap must be at float rounding, and whose resumed run must equal an uninterrupted
 one."""
 
@@ -16,7 +16,7 @@ import rollout
 import train
 from config import preset
 from engine import decoder as engine
-from engine.draws import GUMBEL, RowDraws
+from engine.draws import DIRICHLET, GAMMA_TRIES, GUMBEL, RowDraws, gamma_log_draws
 from model import ModelConfig, load_model, random_model
 from rollout import Sampling, filtered_logits, generate
 from strategies import STRATEGIES, Exploration, StepView, mixture_inputs
@@ -121,6 +121,67 @@ def test_soft_gumbel_weights_move_with_the_draws_not_the_probabilities_alone():
     a, b = (STRATEGIES["soft-gumbel"].explore(step_view(x, [0, 0, 0], seed=s)) for s in (1, 2))
     assert torch.equal(a.cand_ids.sort(-1).values, b.cand_ids.sort(-1).values)
     assert not torch.allclose(a.cand_weights, b.cand_weights)
+
+
+# ----------------------------------------------------------------------------- Soft Thinking's Dirichlet noise
+
+
+def gamma_by_hand(a: float, u: list[float]) -> float:
+    """Gamma(a, 1) from the uniforms u[j] (block j of the row): Marsaglia and Tsang's Gamma(a + 1), the first of
+    GAMMA_TRIES proposals x = sqrt(-2 log u1) cos(2 pi u2) that passes log u < x^2 / 2 + d - d v + d log v (else x = 0),
+    times u[0]^(1/a) (Gamma(a) = Gamma(a + 1) U^(1/a)); a = 0 gives 0."""
+    if a == 0:
+        return 0.0
+    d = a + 1 - 1 / 3
+    c = 1 / math.sqrt(9 * d)
+    v = 1.0
+    for r in range(GAMMA_TRIES):
+        u1, u2, ua = u[3 * r + 1], u[3 * r + 2], u[3 * r + 3]
+        x = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+        vx = (1 + c * x) ** 3
+        if vx > 0 and math.log(ua) < x * x / 2 + d - d * vx + d * math.log(vx):
+            v = vx
+            break
+    return d * v * u[0] ** (1 / a)
+
+
+def soft_dirichlet_by_hand(z: list[float], tau: float, filter_k: int, k: int, alpha: float,
+                           u: list[float]) -> list[float]:
+    """Soft Thinking's sglang sampler with --add_noise_dirichlet: p = softmax(z / tau) over the filter's top
+    filter_k, g_v ~ Gamma(alpha p_v) (token v reads u[j V + v] of block j), p' = g / sum g, fed the top k of p'
+    renormalised."""
+    kept = ranked(z)[:filter_k]
+    e = {c: math.exp((z[c] - max(z)) / tau) for c in kept}
+    p = [e.get(c, 0.0) / sum(e.values()) for c in range(V)]
+    g = [gamma_by_hand(alpha * p[c], u[c::V]) for c in range(V)]
+    top = ranked(g)[:k]
+    return weighted_sum([g[c] / sum(g[c] for c in top) for c in top], top)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 30.0])
+def test_soft_dirichlet_feeds_the_top_k_of_a_dirichlet_draw_from_the_rows_own_uniforms(alpha):
+    """Keys 7, 3, 12 at positions 4, 0, 9, a top-12 filter (18 tokens at concentration 0, never fed)."""
+    x = Exploration("soft", top_k=4, dirichlet_alpha=alpha)
+    keys, positions = [7, 3, 12], [4, 0, 9]
+    mixture = STRATEGIES["soft"].explore(step_view(x, [0, 0, 0], tau=0.6, top_k=12, seed=5, keys=keys,
+                                                   positions=positions))
+    u = RowDraws(5, torch.tensor(keys), torch.tensor(positions)).uniform(DIRICHLET, (3 * GAMMA_TRIES + 1) * V)
+    expected = torch.tensor([soft_dirichlet_by_hand(z, 0.6, 12, 4, alpha, u[b].tolist())
+                             for b, z in enumerate(LOGITS.tolist())], dtype=torch.float64)
+    assert torch.allclose(mixture.inputs.double(), expected, atol=1e-5, rtol=0)
+    assert torch.equal(mixture_inputs(EMBED, {"cand_ids": mixture.cand_ids, "cand_weights": mixture.cand_weights}),
+                       mixture.inputs)
+
+
+@pytest.mark.parametrize("a", [0.05, 1.0, 7.0])
+def test_gamma_draws_have_the_gamma_mean_and_variance(a):
+    """40,000 rows' draws at concentration a: mean a and variance a, within 4 standard errors (the sample
+    variance's: sqrt((mu_4 - a^2) / n), Gamma's fourth central moment mu_4 = 3 a^2 + 6 a)."""
+    n = 40_000
+    draws = RowDraws(11, torch.arange(n), torch.zeros(n, dtype=torch.long))
+    g = gamma_log_draws(draws, DIRICHLET, torch.full((n, 1), a)).exp()[:, 0]
+    assert abs(g.mean() - a) < 4 * math.sqrt(a / n)
+    assert abs(g.var() - a) < 4 * math.sqrt((2 * a * a + 6 * a) / n)
 
 
 # ----------------------------------------------------------------------------- Soft Thinking's min-p
@@ -228,8 +289,11 @@ def read_metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("flags", [dict(explore="mixinputs"), dict(explore="soft-gumbel"),
-                                   dict(explore="soft", **COLD_STOP), dict(explore="soft-gumbel", **COLD_STOP)],
-                         ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop"])
+                                   dict(explore="soft", **COLD_STOP), dict(explore="soft-gumbel", **COLD_STOP),
+                                   dict(explore="soft", dirichlet_alpha=1.0),
+                                   dict(explore="soft-gumbel", dirichlet_alpha=5.0, **COLD_STOP)],
+                         ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
+                              "soft-gumbel-dirichlet-cold-stop"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
