@@ -407,12 +407,18 @@ def refusal(cfg, mc: ModelConfig, plan: Plan, *, prompt_tokens: int | None = Non
             f"({plan.gpus} process{'es' if plan.gpus > 1 else ''}; largest: {parts}; --plan shows all)")
     found = suggest(cfg, mc, gpus=plan.gpus, gpu_gb=plan.budget_bytes / GIB, device=plan.device,
                     prompt_tokens=prompt_tokens)
+    adapters = ""  # adapters run in one process: offered where the run has one GPU and they would fit on it
+    if plan.device == "cuda" and plan.gpus == 1 and not cfg.lora_rank and plan_memory(
+            replace(cfg, lora_rank=64, lora_alpha=128.0), mc, gpus=1, gpu_gb=plan.budget_bytes / GIB,
+            prompt_tokens=prompt_tokens).fits:
+        adapters = ("; or on this GPU with low-rank adapters, --lora-rank 64 --lora-alpha 128 (docs/lora.md; the "
+                    "paper's results are full fine-tuning)")
     if found is None:
         more = "nothing up to 64 GPUs makes it fit" if plan.device == "cuda" else "no batch size makes it fit"
-        return line + f"; {more}: lower --max-new-tokens or --max-prompt-tokens"
+        return line + f"; {more}: lower --max-new-tokens or --max-prompt-tokens" + adapters
     changes, gpus = found
     under = f" under torchrun --nproc-per-node {gpus}" if gpus != plan.gpus else ""
-    return line + f": it would fit{under}" + (f" with {flags_of(changes)}" if changes else "")
+    return line + f": it would fit{under}" + (f" with {flags_of(changes)}" if changes else "") + adapters
 
 
 def default_gpus() -> int:

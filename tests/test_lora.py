@@ -197,6 +197,9 @@ def test_the_7b_with_adapters_fits_one_80_gb_gpu_where_full_fine_tuning_does_not
     full = plan.plan_memory(preset("paper-7b"), mc, gpus=1, gpu_gb=80)
     adapted_7b = plan.plan_memory(replace(preset("paper-7b"), lora_rank=64, lora_alpha=128.0), mc, gpus=1, gpu_gb=80)
     assert not full.fits and adapted_7b.fits
+    refusal = plan.refusal(preset("paper-7b"), mc, full)  # what --plan prints: the adapters offered
+    assert refusal.endswith("; or on this GPU with low-rank adapters, --lora-rank 64 --lora-alpha 128 (docs/lora.md; "
+                            "the paper's results are full fine-tuning)"), refusal
     rows = {row.name.split(",")[0]: row for row in adapted_7b.rows}
     assert rows["frozen base weights"].rollout == 2 * plan.count_params(mc).total  # bf16, the only base copy
     assert "reference model" not in rows and "fp32 weights" not in rows
