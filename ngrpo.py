@@ -595,16 +595,16 @@ def update(policy, reference, optimizer, rollout, rewards: torch.Tensor, cfg, wo
         and not needs_old
     episodes, mismatch, old_entropy = make_episodes(policy, reference, rollout, torch.zeros_like(rewards), cfg, world,
                                                     on_policy=on_policy, entropy=needs_old)
-    mask, extra = episodes.loss_mask(), {}
+    mask, extra = episodes.loss_mask().to(distributed.device_of(policy)), {}  # where the replay's tensors are
     if cfg.kl_in_reward and episodes.ref_logp is not None:
-        penalty = kl_penalty(episodes.old_logp, episodes.ref_logp, mask.to(episodes.old_logp.device), cfg).cpu()
+        penalty = kl_penalty(episodes.old_logp, episodes.ref_logp, mask, cfg).cpu()
         rewards, extra["kl_in_reward"] = rewards - penalty.to(rewards.dtype), float(penalty.mean())
     episodes.advantages = advantages_of(rewards, rollout.lengths.cpu(), cfg).to(rollout.logprobs.device)
     if cfg.top_entropy_quantile < 1:
-        episodes.pg_mask = high_entropy_mask(old_entropy, mask.to(old_entropy.device), cfg.top_entropy_quantile)
+        episodes.pg_mask = high_entropy_mask(old_entropy, mask, cfg.top_entropy_quantile)
         extra["pg_token_frac"] = float(episodes.pg_mask.sum() / mask.sum().clamp_min(1))
     if control.adaptive:
-        mean_entropy = float((old_entropy * mask.to(old_entropy.device)).sum() / mask.sum().clamp_min(1))
+        mean_entropy = float((old_entropy * mask).sum() / mask.sum().clamp_min(1))
         extra["entropy_coef"] = control.step(mean_entropy)
     per_step, skipped = optimize(policy, optimizer, episodes, cfg, world, entropy_coef=extra.get("entropy_coef"))
     result = {key: sum(values) / len(values) for key, values in per_step.items()}

@@ -112,26 +112,25 @@ def device_arg(value: str) -> str:
     return value
 
 
+def _number(value: str, cast, kind: str, ok, must: str):
+    """`value` as cast(value), or one argparse line: not a `kind`, or `must` when ok(number) fails."""
+    try:
+        number = cast(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a {kind}") from None
+    if not ok(number):
+        raise argparse.ArgumentTypeError(f"{number}: must {must}")
+    return number
+
+
 def at_least_1(value: str) -> int:
     """argparse type of a count (rows, steps, repeats, tokens, layers): an int of at least 1."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{number}: must be at least 1")
-    return number
+    return _number(value, int, "whole number", lambda n: n >= 1, "be at least 1")
 
 
 def above_0(value: str) -> float:
     """argparse type of a size or a time (GiB, seconds, a learning rate): a finite number above 0."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not 0 < number < float("inf"):
-        raise argparse.ArgumentTypeError(f"{number}: must be a finite number above 0")
-    return number
+    return _number(value, float, "number", lambda n: 0 < n < float("inf"), "be a finite number above 0")
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
