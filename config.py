@@ -11,7 +11,6 @@ preset. Each field is a command-line flag (runtime/cli.py): the field name with 
 
 import json
 import math
-import os
 import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -314,9 +313,6 @@ class Config:
 
     def check_trainable(self) -> None:
         """The rules that only training adds: a ValueError naming what to change."""
-        if self.lora_rank and "RANK" in os.environ:
-            raise ValueError(f"--lora-rank {self.lora_rank}: adapters run in one process for now, not under torchrun: "
-                             "run python train.py, or drop --lora-rank for full fine-tuning under torchrun")
         if self.temperature == 0:
             raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same and "
                              "GRPO would have no signal; train with --temperature > 0")

@@ -705,7 +705,7 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
     and the sampler a merged copy (runtime/lora.py)."""
     cfg = r.cfg
     if cfg.kl_coef > 0 and lora.has_adapters(r.policy):
-        r.reference = lora.WithoutAdapters(r.policy)  # the frozen base itself: no second copy
+        r.reference = lora.WithoutAdapters(r.trainer)  # the frozen base itself: no second copy
     elif cfg.kl_coef > 0:
         source = r.out_dir / "warm_start" if cfg.sft_steps > 0 else None
         distributed.barrier(r.world)  # rank 0 has written warm_start/
@@ -724,11 +724,12 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
 
 
 def use_adapters(r: Run, saved: Path | None = None) -> None:
-    """--lora-rank: adapters on the frozen policy (lora.adapt_policy; on a resume, the adapters `saved` holds) and
-    AdamW over them alone."""
-    params = lora.adapt_policy(r.policy, r.cfg, warm_start=r.out_dir / "warm_start" if r.cfg.sft_steps else None,
-                               saved=saved)
-    r.optimizer = torch.optim.AdamW(params, lr=r.cfg.lr, weight_decay=r.cfg.weight_decay)
+    """--lora-rank: adapters on the frozen policy (lora.adapt_policy; a resume's from `saved`), AdamW over them."""
+    r.policy = lora.adapt_policy(r.policy, r.cfg, r.world, saved=saved,
+                                 warm_start=r.out_dir / "warm_start" if r.cfg.sft_steps else None)
+    if r.world.distributed:  # an adapted copy of the sharded policy: sharded in its turn
+        r.trainer = distributed.shard_model(r.policy, r.world)
+    r.optimizer = torch.optim.AdamW(lora.adapter_parameters(r.policy), lr=r.cfg.lr, weight_decay=r.cfg.weight_decay)
 
 
 def shared_table(r: Run) -> torch.Tensor:

@@ -128,6 +128,11 @@ def at_least_1(value: str) -> int:
     return _number(value, int, "whole number", lambda n: n >= 1, "be at least 1")
 
 
+def at_least_0(value: str) -> int:
+    """argparse type of a count where 0 means none (an adapter rank): an int of at least 0."""
+    return _number(value, int, "whole number", lambda n: n >= 0, "be at least 0")
+
+
 def above_0(value: str) -> float:
     """argparse type of a size or a time (GiB, seconds, a learning rate): a finite number above 0."""
     return _number(value, float, "number", lambda n: 0 < n < float("inf"), "be a finite number above 0")

@@ -26,12 +26,13 @@ import torch
 
 import eval as evaluation
 import train
+from benchmarks import common
 from benchmarks.common import BENCH, ROOT, SHARED_DATA, at_least_1, device_arg, dies_with_parent, emit, note, rss_mb
 from config import preset
 from data import load_tokenizer, pad_id_of, tokenize_problems
 from model import ModelConfig, random_model, save_model
 from rollout import exploration_from_config
-from runtime import plan
+from runtime import lora, plan
 
 CONFIG = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-1.5B" / "config.json"
 TOKENIZER = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-rebuilt"
@@ -133,7 +134,8 @@ def run_config(args, checkpoint: Path, out_dir: Path, **overrides):
                     max_new_tokens=args.new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     logprob_chunk_tokens=args.chunk_tokens, mix_rate=args.mix_rate, val_data="", keep_best="",
                     val_before_train=False, save_every=1, keep_last=2, log_completions_every=0, device=args.device,
-                    out_dir=str(out_dir), overwrite=True, max_steps=1, rollout_is=args.rollout_is)
+                    out_dir=str(out_dir), overwrite=True, max_steps=1, rollout_is=args.rollout_is,
+                    lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank or preset("paper-1.5b").lora_alpha)
     return replace(preset("paper-1.5b"), **{**settings, **overrides})
 
 
@@ -176,7 +178,8 @@ def predictions(cfg, checkpoint: Path):
                                          + the_plan(None).load_bytes - row(the_plan(None), "fp32 weights"))
     # Host memory: compared on the CPU only (on a GPU the allocator does not see it).
     checkpoint_bytes = lambda *args, **kwargs: the_plan(None).checkpoint if cfg.device == "cpu" else None
-    return weights, reference, rollout, update, checkpoint_bytes
+    merged = lambda *args, **kwargs: row(the_plan(None), "sampler copy", "rollout")  # --lora-rank's sampler
+    return weights, reference, rollout, update, checkpoint_bytes, merged
 
 
 def rehearse(args) -> None:
@@ -190,7 +193,7 @@ def rehearse(args) -> None:
     cfg = run_config(args, checkpoint, work / "run")
     with meter.phase("chat_template_and_ids"):
         check_ids(cfg)
-    weights, reference, rollout, update, checkpoint_bytes = predictions(cfg, checkpoint)
+    weights, reference, rollout, update, checkpoint_bytes, merged = predictions(cfg, checkpoint)
     meter.wrap(train, "load_policy", "load_policy", weights)
     meter.wrap(train, "load_model", "load_reference", reference)
     meter.wrap(train, "table_for", "neighbor_table")
@@ -198,6 +201,7 @@ def rehearse(args) -> None:
     meter.wrap(train, "update", "update", update)
     meter.wrap(train, "save_checkpoint", "checkpoint", checkpoint_bytes)
     meter.wrap(train, "restore_checkpoint", "resume")
+    meter.wrap(lora, "merged_copy", "merged_sampler", merged)
     # The table's disk cache outlives the run directory: the first rehearsal searches (~11 minutes on 2
     # cores), later ones load it.
     (work / "run").mkdir(parents=True, exist_ok=True)
@@ -261,6 +265,9 @@ def add_parser(subparsers) -> None:
                                                                     "sequence-truncate", "sequence-mask"],
                            help="train.py's --rollout-is (cap 2): the mismatch is logged in every mode; a mode shows "
                            "what it truncates or masks at this shape")
+    rehearsal.add_argument("--lora-rank", type=common.at_least_0, default=0, metavar="R",
+                           help="train.py's --lora-rank R with --lora-alpha 2R: the frozen base, the adapters and the "
+                           "merged sampler measured against the plan's adapter rows (0 = full fine-tuning)")
     rehearsal.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda; cuda: the allocator's peak "
                            "against the plan's GPU rows (.ci/gpu-checks, full depth)")
     rehearsal.add_argument("--work-dir", default=str(ROOT / "runs" / "rehearsal"),

@@ -170,10 +170,11 @@ def checkpoint_dirs(out_dir: Path) -> list[Path]:
 
 def save_weights(r, out_dir: Path) -> None:
     """The policy in the Hugging Face layout, gathered one parameter at a time and written by rank 0; with adapters
-    (--lora-rank, one process) the adapters alone, in PEFT's format, and the tokenizer (runtime/lora.py)."""
+    (--lora-rank) the adapters alone, in PEFT's format, and the tokenizer (runtime/lora.py)."""
     if lora.has_adapters(r.policy):
-        lora.save_adapters(r.policy, out_dir, r.tokenizer)
-        follow_umask(out_dir)  # safetensors writes 0600
+        lora.save_adapters(r.policy, out_dir, r.tokenizer, world=r.world)
+        if r.world.is_main:
+            follow_umask(out_dir)  # safetensors writes 0600
         return
     state = distributed.gather_state_dict(r.policy, r.world)
     if r.world.is_main:

@@ -138,7 +138,9 @@ def run_model(model, fn, *args, **kwargs):
 
 def device_of(model) -> torch.device:
     """The device of a Transformer's (or a ModelCall's) parameters, or of this rank's shards."""
-    return (model.model if isinstance(model, ModelCall) else model).embed_tokens.weight.device
+    while isinstance(model, ModelCall):  # a ModelCall may wrap another (lora.WithoutAdapters)
+        model = model.model
+    return model.embed_tokens.weight.device
 
 
 def autocast(device: torch.device):

@@ -3,7 +3,8 @@ for RL on one GPU: the base weights stay frozen and each chosen projection learn
 with A [r, in] drawn kaiming-uniform and B [out, r] zero at the start (as PEFT does), so a fresh adapter changes
 nothing. Only A and B are trained and held by AdamW.
 
-How train.py uses it (`--lora-rank r > 0`, one process):
+How train.py uses it (`--lora-rank r > 0`; under torchrun the adapted model is sharded with FSDP2 like a fully
+trained one, each rank holding a shard of the frozen base and of the adapters):
 - the sampler is a plain Transformer whose weights are the merged ones, W + (alpha / r) B A, written parameter by
   parameter at every refresh (`merge_into`), so the decode path and its CUDA graph are those of full fine-tuning;
 - the KL reference is the policy itself with its adapters off (`WithoutAdapters`): no second copy of the base;
@@ -38,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from data import load_tokenizer
 from model import Transformer, load_model, save_model
-from runtime.distributed import ModelCall
+from runtime.distributed import ModelCall, World, full_tensor, unsharded_copy
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # attention, then MLP
 PEFT_PREFIX = "base_model.model.model."  # PeftModel -> its LoraModel -> the CausalLM's decoder, named `model`
@@ -120,8 +121,9 @@ class LoRALinear(nn.Module):
         return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scale
 
     def delta_weight(self) -> torch.Tensor:
-        """scale * B @ A [out, in] in fp32: what merging adds to the base weight."""
-        return (self.lora_B.weight @ self.lora_A.weight) * self.scale
+        """scale * B @ A [out, in] in fp32: what merging adds to the base weight (under FSDP2 each factor gathered
+        whole first: a collective, every rank calls it)."""
+        return (full_tensor(self.lora_B.weight) @ full_tensor(self.lora_A.weight)) * self.scale
 
 
 def add_adapters(model: Transformer, settings: LoraSettings, *, seed: int = 0,
@@ -178,22 +180,26 @@ def adapters_off(model: Transformer):
 
 
 class WithoutAdapters(ModelCall):
-    """The base model as the KL reference, with no copy of its weights: the policy called with its adapters off.
-    Update code runs it as it runs any ModelCall (`distributed.run_model`)."""
+    """The base model as the KL reference, with no copy of its weights: the policy's ModelCall (sharded or not)
+    called with its adapters off. Update code runs it as it runs any ModelCall (`distributed.run_model`)."""
+
+    def __init__(self, policy: ModelCall):
+        super().__init__(policy)
 
     def forward(self, fn, *args, **kwargs):
-        with adapters_off(self.model):
-            return fn(self.model, *args, **kwargs)
+        with adapters_off(self.model.model):
+            return self.model(fn, *args, **kwargs)
 
 
 @torch.no_grad()
 def merge_into(model: Transformer, target: Transformer) -> None:
     """target's parameters := model's base weights, plus scale * B @ A where a projection has an adapter: one
     parameter at a time (the sum in fp32, then cast to target's dtype), never a second copy of the whole base.
-    How the sampler is refreshed; target is a plain Transformer of model's architecture."""
+    How the sampler is refreshed; target is a plain Transformer of model's architecture. Under FSDP2 each
+    parameter is gathered whole first: every rank calls it."""
     layers, sources = adapted_layers(model), dict(model.named_parameters())
     for name, param in target.named_parameters():
-        weight = sources[name]
+        weight = full_tensor(sources[name])
         layer = layers.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
         if layer is not None:
             weight = weight.float() + layer.delta_weight()
@@ -209,13 +215,16 @@ def merged_copy(model: Transformer, *, dtype: torch.dtype, device) -> Transforme
     return copy
 
 
-def save_adapters(model: Transformer, out_dir, tokenizer=None) -> None:
+def save_adapters(model: Transformer, out_dir, tokenizer=None, *, world: World = World()) -> None:
     """The adapters in PEFT's format: adapter_model.safetensors (fp32, PEFT's key names) and adapter_config.json,
-    plus the tokenizer's files when one is given."""
+    plus the tokenizer's files when one is given. Under torchrun every rank calls it (each adapter is gathered
+    whole) and rank 0 writes."""
+    tensors = {PEFT_PREFIX + name: full_tensor(p.detach()).to("cpu", torch.float32).contiguous()
+               for name, p in adapter_state(model).items()}
+    if not world.is_main:
+        return
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {PEFT_PREFIX + name: p.detach().to("cpu", torch.float32).contiguous()
-               for name, p in adapter_state(model).items()}
     save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (out_dir / ADAPTER_CONFIG).write_text(json.dumps(model.lora.peft_config(), indent=2) + "\n")
     if tokenizer is not None:
@@ -274,22 +283,26 @@ def load_merged(checkpoint, *, dtype: torch.dtype = torch.float32, device="cpu",
     return merged_copy(model, dtype=dtype, device=device)
 
 
-def adapt_policy(policy: Transformer, cfg, *, warm_start: Path | None = None,
-                 saved: Path | None = None) -> list[nn.Parameter]:
+def adapt_policy(policy: Transformer, cfg, world: World = World(), *, warm_start: Path | None = None,
+                 saved: Path | None = None) -> Transformer:
     """train.py's --lora-rank (cfg: its Config): `policy` frozen as the base, bf16 on a GPU, with adapters of cfg's
     settings drawn from cfg.seed; with `saved` (a resume), the adapters that checkpoint holds, on the base the run
     began from: the warm start's weights (`warm_start`, the run's warm_start/ when it had one) are loaded again.
-    Returns the adapters' parameters, for AdamW."""
+    Returns the adapted model: `policy` itself, or under torchrun a plain copy of the FSDP2-sharded `policy`
+    (gathered one parameter at a time) for the caller to shard again, since FSDP2 shards the parameters a module
+    holds when it is wrapped and the adapters' are new."""
+    on_gpu = policy.embed_tokens.weight.device.type == "cuda"  # frozen weights need no fp32 master copy there
+    if world.distributed:
+        policy = unsharded_copy(policy, dtype=torch.bfloat16 if on_gpu else torch.float32, device=world.device)
     if saved is not None and warm_start is not None:
         policy.load_state_dict(load_model(str(warm_start), dtype=torch.float32, device="cpu").state_dict())
     targets = tuple(name for name in TARGETS if name in {t.strip() for t in cfg.lora_targets.split(",")})
     settings = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, targets=targets,
                             base_model=str(Path(warm_start).resolve()) if warm_start else cfg.model)
-    on_gpu = policy.embed_tokens.weight.device.type == "cuda"  # frozen weights need no fp32 master copy
-    params = add_adapters(policy, settings, seed=cfg.seed, base_dtype=torch.bfloat16 if on_gpu else None)
+    add_adapters(policy, settings, seed=cfg.seed, base_dtype=torch.bfloat16 if on_gpu else None)
     if saved is not None:
         load_adapters(policy, saved)
-    return params
+    return policy
 
 
 def main(argv=None) -> None:

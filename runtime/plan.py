@@ -262,8 +262,9 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     prompt_tokens = prompt_tokens or cfg.max_prompt_tokens
     params = count_params(mc)
     sharded = gpus > 1
-    # --lora-rank (one process): the base frozen (bf16 on a GPU) and no reference copy (the base is the reference);
-    # gradients and AdamW only for the adapters; the sampler a merged copy, on the CPU too.
+    # --lora-rank: the base frozen (bf16 on a GPU; under torchrun sharded with its adapters) and no reference copy
+    # (the base is the reference); gradients and AdamW only for the adapters; the sampler a merged copy, on the CPU
+    # too.
     adapters = adapter_count(mc, cfg.lora_rank, cfg.lora_targets) if cfg.lora_rank else 0
     trainable = adapters or params.trainable(cfg.freeze_embeddings)
     low = 4 if device == "cpu" else 2  # bytes per weight of the sampler copy and of the reference model
@@ -272,8 +273,10 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     share = f" (1/{gpus} shard)" if sharded else ""
     kept = lambda name, n: Row(name, n, n)  # held through both phases
     plan_rows = [kept(f"fp32 weights{share}", 4 * params.total // gpus)] if not adapters else [
-        kept(f"frozen base weights, {'bf16' if low == 2 else 'fp32'} (also the KL reference)", low * params.total),
-        kept(f"LoRA adapters, rank {cfg.lora_rank}: {adapters / 1e6:.1f} M fp32 parameters", 4 * adapters)]
+        kept(f"frozen base weights, {'bf16' if low == 2 else 'fp32'}{share} (also the KL reference)",
+             low * params.total // gpus),
+        kept(f"LoRA adapters, rank {cfg.lora_rank}: {adapters / 1e6:.1f} M fp32 parameters{share}",
+             4 * adapters // gpus)]
     plan_rows += [
         Row(f"fp32 gradients{share}", 0, 4 * trainable // gpus),  # freed when the update ends
         kept(f"AdamW moments, fp32 x 2{share}", 8 * trainable // gpus),
@@ -291,7 +294,7 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     ]
     if device == "cuda" and sharded:
         gathered = 2 * (params.root + 2 * params.block)  # bf16: the root for the whole call, ~2 blocks
-        reduce = 4 * (params.root - params.embed * cfg.freeze_embeddings + 2 * params.block)
+        reduce = 0 if adapters else 4 * (params.root - params.embed * cfg.freeze_embeddings + 2 * params.block)
         plan_rows.append(Row("bf16 weights gathered + fp32 gradients before reduce-scatter", 0, gathered + reduce))
     elif device == "cuda" and not adapters:  # autocast's bf16 copy of every weight a matmul reads, for the forward
         plan_rows.append(Row("bf16 weight copies under autocast", 0, 2 * (params.total - params.embed
@@ -407,12 +410,12 @@ def refusal(cfg, mc: ModelConfig, plan: Plan, *, prompt_tokens: int | None = Non
             f"({plan.gpus} process{'es' if plan.gpus > 1 else ''}; largest: {parts}; --plan shows all)")
     found = suggest(cfg, mc, gpus=plan.gpus, gpu_gb=plan.budget_bytes / GIB, device=plan.device,
                     prompt_tokens=prompt_tokens)
-    adapters = ""  # adapters run in one process: offered where the run has one GPU and they would fit on it
-    if plan.device == "cuda" and plan.gpus == 1 and not cfg.lora_rank and plan_memory(
-            replace(cfg, lora_rank=64, lora_alpha=128.0), mc, gpus=1, gpu_gb=plan.budget_bytes / GIB,
+    adapters = ""  # offered where a run on a GPU would fit its GPUs with them
+    if plan.device == "cuda" and not cfg.lora_rank and plan_memory(
+            replace(cfg, lora_rank=64, lora_alpha=128.0), mc, gpus=plan.gpus, gpu_gb=plan.budget_bytes / GIB,
             prompt_tokens=prompt_tokens).fits:
-        adapters = ("; or on this GPU with low-rank adapters, --lora-rank 64 --lora-alpha 128 (docs/lora.md; the "
-                    "paper's results are full fine-tuning)")
+        adapters = (f"; or on {'this GPU' if plan.gpus == 1 else 'these GPUs'} with low-rank adapters, --lora-rank 64 "
+                    "--lora-alpha 128 (docs/lora.md; the paper's results are full fine-tuning)")
     if found is None:
         more = "nothing up to 64 GPUs makes it fit" if plan.device == "cuda" else "no batch size makes it fit"
         return line + f"; {more}: lower --max-new-tokens or --max-prompt-tokens" + adapters

@@ -490,6 +490,30 @@ def test_two_processes_train_like_one_without_exploration_and_with_every_loss_si
     assert [m["kl_in_reward"] > 0 for m in expected["metrics"][:2]] == [False, True]  # step 1: policy = reference
 
 
+def test_two_processes_train_adapters_like_one_and_resume_them(tmp_path):
+    """--lora-rank under torchrun: the adapted model sharded by FSDP2 (frozen base and adapters alike), the KL
+    reference the policy with its adapters off, the sampler merged from gathered shards after every update, the
+    checkpoints' adapters gathered to rank 0; resumed by 2 processes from the step-2 checkpoint they wrote. The
+    responses, metrics and adapters of 3 steps equal those of one plain process."""
+    from safetensors.torch import load_file
+
+    flags = dict(lora_rank=4, lora_alpha=8.0, lr=1e-3)
+    with running(start_train_run(tmp_path / "two", 2, "neighbor", 2, **flags)) as two:
+        train_here(tmp_path / "one", "neighbor", 3, **flags)
+    finished_run(two)
+    train_run(tmp_path / "two", 2, "neighbor", 3, resume=True, **flags)
+    runs = {}
+    for name in ("one", "two"):
+        lines = lambda file: [json.loads(line) for line in (tmp_path / name / file).read_text().splitlines()]
+        runs[name] = dict(rollouts=lines("rollouts.jsonl"),
+                          metrics=[{k: v for k, v in m.items() if k not in TIMING} for m in lines("metrics.jsonl")],
+                          weights=load_file(tmp_path / name / "checkpoints" / "step-3" / "adapter_model.safetensors"))
+    one = runs["one"]
+    assert all(m["grad_norm"] > 0 for m in one["metrics"]) and sum(m["mix_rate"] for m in one["metrics"]) > 0
+    assert any(value.abs().max() > 1e-4 for key, value in one["weights"].items() if "lora_B" in key)  # B moved
+    assert_same_run(runs["two"], one, steps=3)
+
+
 def resumed_copy(neighbor_runs: Path, name: str) -> Path:
     """The 2-process run as it was after step 2: its step-4 checkpoint and later records removed."""
     out = neighbor_runs / name

@@ -94,7 +94,7 @@ def test_merged_weights_are_base_plus_scaled_BA_and_follow_every_refresh():
 def test_adapters_off_is_the_base_model_for_the_kl_reference():
     model, base, ids = adapted(), random_model(TINY_CONFIG, seed=0), token_ids()
     assert not torch.equal(model(ids), base(ids))
-    reference = lora.WithoutAdapters(model)
+    reference = lora.WithoutAdapters(distributed.ModelCall(model))
     assert torch.equal(distributed.run_model(reference, lambda m, x: m(x), ids), base(ids))
     assert not torch.equal(model(ids), base(ids))  # on again after the call
 
@@ -174,13 +174,6 @@ def test_lora_settings_without_a_rank_are_refused(capsys):
     assert "--lora-alpha 32: has no effect without --lora-rank N" in capsys.readouterr().err
 
 
-def test_lora_under_torchrun_is_refused_at_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(SystemExit, match="--lora-rank 8: adapters run in one process for now, not under torchrun"):
-        train.run(replace(preset("tiny"), out_dir=str(tmp_path / "run"), lora_rank=8))
-    assert not (tmp_path / "run").exists()
-
-
 # ----------------------------------------------------------------------------- --plan
 
 
@@ -204,6 +197,12 @@ def test_the_7b_with_adapters_fits_one_80_gb_gpu_where_full_fine_tuning_does_not
     assert rows["frozen base weights"].rollout == 2 * plan.count_params(mc).total  # bf16, the only base copy
     assert "reference model" not in rows and "fp32 weights" not in rows
     assert rows["AdamW moments"].rollout == 8 * plan.adapter_count(mc, 64, preset("paper-7b").lora_targets)
+    # under torchrun the base and the adapters are sharded with FSDP2: each of 4 GPUs holds a quarter
+    four = plan.plan_memory(replace(preset("paper-7b"), lora_rank=64, lora_alpha=128.0), mc, gpus=4, gpu_gb=80)
+    shards = {row.name.split(",")[0]: row for row in four.rows}
+    assert shards["frozen base weights"].rollout == 2 * plan.count_params(mc).total // 4
+    assert shards["AdamW moments"].rollout == rows["AdamW moments"].rollout // 4
+    assert four.peak_bytes < adapted_7b.peak_bytes
 
 
 # ----------------------------------------------------------------------------- train.py --lora-rank
@@ -235,7 +234,7 @@ def test_a_lora_run_trains_the_adapters_alone_and_samples_with_merged_weights(tm
     expected = merged_by_hand(fresh, {n: p.detach() for n, p in lora.adapter_state(r.policy).items()}, 16.0 / 8)
     for name, value in r.sampler.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=1e-6, atol=1e-7, msg=name)
-    assert isinstance(r.reference, lora.WithoutAdapters) and r.reference.model is r.policy
+    assert isinstance(r.reference, lora.WithoutAdapters) and r.reference.model.model is r.policy
 
 
 def test_lora_resume_continues_exactly_and_the_checkpoint_exports_merged(tmp_path, one_thread):
