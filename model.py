@@ -291,7 +291,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.hf_config = hf_config  # the config.json it was loaded from, written back as it was by save_model
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # nn.Embedding's own N(0, 1) draw, skipped on the meta device (shapes only: load_model, random_model, the
+        # plan), where its meta kernel alone imports torch._dynamo: ~2 s of CPU at the start of every process.
+        embedding = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if not embedding.is_meta:
+            nn.init.normal_(embedding)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=embedding)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:

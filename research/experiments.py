@@ -37,6 +37,7 @@ import io
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -185,6 +186,8 @@ def run_step(command: list[str], out_dir: Path, finished, log_name: str, resume_
                 if last and last != said:
                     print(f"{label or command[1]}: {last}", flush=True)
                     said = last
+    if status in (130, 143, -signal.SIGINT, -signal.SIGTERM):  # the step was stopped by a signal (it checkpointed):
+        raise KeyboardInterrupt  # so is the sweep, even where this process did not get the signal itself
     if status != 0:
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
         raise SweepError(f"{Path(command[1]).name} failed (exit {status}); end of {log_path}:\n{tail}")

@@ -250,7 +250,8 @@ def test_ctrl_c_stops_a_sweep_in_one_line_and_the_same_command_continues_it(tmp_
                                  "eval": {"benchmarks": "arith:n=4", "n": 1}, "runs": [{"name": "a"}]}))
     command = [sys.executable, "-m", "research.experiments", str(sweep), "--out-dir", str(tmp_path / "out")]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
     said = process.stdout.readline()
     assert "train: running (log: " in said, said  # it says what runs, and where its log is
     log = Path(said.split("(log: ")[1].rstrip(")\n"))
@@ -262,6 +263,20 @@ def test_ctrl_c_stops_a_sweep_in_one_line_and_the_same_command_continues_it(tmp_
     assert process.returncode == 130 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1].startswith("interrupted; run the same command again to continue")
 
+
+
+@pytest.mark.parametrize("status", [130, 143])
+def test_a_step_stopped_by_a_signal_stops_the_sweep_as_interrupted_not_failed(tmp_path, status):
+    """A step that exits 130 / 143 (it got Ctrl-C or SIGTERM and checkpointed) while the sweep itself did not get
+    the signal (another process group, or SIGINT ignored by the shell that started it): interrupted, not failed."""
+    from research import experiments
+
+    step = [sys.executable, "-c", f"import sys; sys.exit({status})"]
+    with pytest.raises(KeyboardInterrupt):
+        experiments.run_step(step, tmp_path / "run", "done.txt", "train.log", "checkpoints/step-*")
+    with pytest.raises(experiments.SweepError, match="failed \\(exit 3\\)"):  # any other status is a failure
+        experiments.run_step([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "other", "done.txt",
+                             "train.log", "checkpoints/step-*")
 
 # ----------------------------------------------------------------------------- eval.py: the real cause, the file
 
