@@ -23,7 +23,12 @@ if os.environ.get("NGRPO_HIDE_EXTRAS"):  # the optional packages unimportable he
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HIDE_EXTRAS), os.environ.get("PYTHONPATH")]))
     runpy.run_path(str(HIDE_EXTRAS / "sitecustomize.py"))
 
-torch.set_num_threads(2)
+# pytest-xdist (pyproject.toml's addopts: a worker per core, up to 4) runs test files side by side: each worker,
+# and each process a test starts, computes on one thread, so that no thread spins waiting for a core another
+# process holds. Without xdist (-p no:xdist, -n 0): two threads, as a 2-core machine gives a process.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture
