@@ -490,6 +490,26 @@ def test_two_processes_train_like_one_without_exploration_and_with_every_loss_si
     assert [m["kl_in_reward"] > 0 for m in expected["metrics"][:2]] == [False, True]  # step 1: policy = reference
 
 
+# The soft-token strategies (docs/algorithm.md): Soft Thinking with Cold Stop (a counter per row, kept by the engine
+# as rows are dealt to ranks and slots), min-p and Dirichlet noise (gamma draws); Randomized Soft Thinking's
+# Gumbel-softmax with Cold Stop; Mixture of Inputs. Cold Stop's threshold is above log V: every row stops thinking
+# after 3 steps, so both phases run.
+COLD_STOP = dict(early_stopping_entropy_threshold=10.0, early_stopping_length_threshold=3)
+SOFT = {"soft": dict(min_p=0.05, dirichlet_alpha=1.0, **COLD_STOP), "soft-gumbel": dict(gumbel_temperature=0.5,
+                                                                                         **COLD_STOP),
+        "mixinputs": dict(mixinputs_beta=2.0)}
+
+
+@pytest.mark.parametrize("explore", SOFT)
+def test_two_processes_roll_out_and_train_a_soft_token_strategy_like_one(tmp_path, explore):
+    with running(start_train_run(tmp_path / "two", 2, explore, 2, **SOFT[explore])) as two:
+        train_here(tmp_path / "one", explore, 2, **SOFT[explore])
+    finished_run(two)
+    one = outputs(tmp_path / "one", 2)
+    assert all(m["grad_norm"] > 0 for m in one["metrics"])
+    assert_same_run(outputs(tmp_path / "two", 2), one, steps=2)
+
+
 def test_two_processes_train_adapters_like_one_and_resume_them(tmp_path):
     """--lora-rank under torchrun: the adapted model sharded by FSDP2 (frozen base and adapters alike), the KL
     reference the policy with its adapters off, the sampler merged from gathered shards after every update, the
