@@ -32,6 +32,7 @@ from config import preset
 from data import load_tokenizer, pad_id_of, tokenize_problems
 from model import ModelConfig, random_model, save_model
 from rollout import exploration_from_config
+from runtime import checkpoint as checkpoint_module
 from runtime import lora, plan
 
 CONFIG = SHARED_DATA / "tokenizers" / "DeepSeek-R1-Distill-Qwen-1.5B" / "config.json"
@@ -199,7 +200,7 @@ def rehearse(args) -> None:
     meter.wrap(train, "table_for", "neighbor_table")
     meter.wrap(train, "generate", "rollout", rollout)
     meter.wrap(train, "update", "update", update)
-    meter.wrap(train, "save_checkpoint", "checkpoint", checkpoint_bytes)
+    meter.wrap(checkpoint_module, "save_checkpoint", "checkpoint", checkpoint_bytes)
     meter.wrap(train, "restore_checkpoint", "resume")
     meter.wrap(lora, "merged_copy", "merged_sampler", merged)
     # The table's disk cache outlives the run directory: the first rehearsal searches (~11 minutes on 2

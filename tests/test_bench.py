@@ -52,3 +52,19 @@ def test_rows_end_at_their_drawn_lengths_in_every_engine(monkeypatch, refill):
     for row, (response, n) in enumerate(zip(rollout.responses(), lengths)):
         assert (response[-1] == 0) == (n < max_new_tokens) and 0 not in response[:-1]
         assert all(math.isfinite(p) for p in rollout.logprobs[row, :n].tolist())  # no token drawn at p = 0
+
+
+def test_the_rehearsal_meters_functions_that_exist():
+    """bench.py rehearsal meters train.py's phases by wrapping functions by name: a reshape that moves one breaks the
+    rehearsal at its start, which only a 7-minute CPU run or a GPU session would otherwise notice."""
+    import ast
+    import inspect
+
+    from benchmarks import rehearsal
+
+    calls = [node for node in ast.walk(ast.parse(inspect.getsource(rehearsal.rehearse)))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "wrap"]
+    wrapped = [(call.args[0].id, call.args[1].value) for call in calls]
+    assert len(wrapped) == 8, wrapped
+    missing = [(module, name) for module, name in wrapped if not hasattr(vars(rehearsal)[module], name)]
+    assert not missing, missing
