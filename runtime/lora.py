@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from data import load_tokenizer
 from model import Transformer, load_model, save_model
-from runtime.distributed import ModelCall, World, full_tensor, unsharded_copy
+from runtime.distributed import ModelCall, World, broadcast_object, full_tensor, unsharded_copy
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # attention, then MLP
 PEFT_PREFIX = "base_model.model.model."  # PeftModel -> its LoraModel -> the CausalLM's decoder, named `model`
@@ -232,9 +232,17 @@ def save_adapters(model: Transformer, out_dir, tokenizer=None, *, world: World =
 
 
 @torch.no_grad()
-def load_adapters(model: Transformer, directory) -> None:
+def load_adapters(model: Transformer, directory, *, world: World = World()) -> None:
     """The adapter saved in `directory` (PEFT's format, by us or by PEFT) into `model`'s adapters, which must have
-    its rank, scale and targets; a ValueError says what differs or is missing."""
+    its rank, scale and targets; a ValueError says what differs or is missing. Under torchrun rank 0 reads the
+    files and every rank gets the tensors from it, as with every checkpoint (every rank calls it)."""
+    tensors = broadcast_object(_read_adapters(model, directory) if world.is_main else None, world)
+    for name, param in adapter_state(model).items():
+        param.copy_(tensors[name])
+
+
+def _read_adapters(model: Transformer, directory) -> dict[str, torch.Tensor]:
+    """{our parameter name: tensor} of the adapter saved in `directory`, checked against `model`'s adapters."""
     saved = LoraSettings.read(directory)
     mine = model.lora
     differ = [f"{what} {a!r} (saved) vs {b!r} (this model)" for what, a, b in
@@ -248,8 +256,7 @@ def load_adapters(model: Transformer, directory) -> None:
     if tensors.keys() != params.keys():
         missing, extra = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
         raise ValueError(f"{Path(directory) / ADAPTER_WEIGHTS}: lacks {missing[:3]}, has unexpected {extra[:3]}")
-    for name, param in params.items():
-        param.copy_(tensors[name])
+    return tensors
 
 
 def export_merged(model: Transformer, out_dir, tokenizer=None, *, dtype: torch.dtype | None = None) -> None:
@@ -301,7 +308,7 @@ def adapt_policy(policy: Transformer, cfg, world: World = World(), *, warm_start
                             base_model=str(Path(warm_start).resolve()) if warm_start else cfg.model)
     add_adapters(policy, settings, seed=cfg.seed, base_dtype=torch.bfloat16 if on_gpu else None)
     if saved is not None:
-        load_adapters(policy, saved)
+        load_adapters(policy, saved, world=world)
     return policy
 
 
