@@ -166,7 +166,7 @@ def predictions(cfg, checkpoint: Path):
         p = the_plan(max(map(len, prompts)))
         return row(p, "KV cache", "rollout") + row(p, "decode logits", "rollout")
 
-    def update(policy, reference, optimizer, rollout_, rewards, cfg_, world=None):
+    def update(policy, reference, optimizer, rollout_, *args, **kwargs):  # ngrpo.update's first four arguments
         p = the_plan(len(max(rollout_.prompts, key=len)))
         fresh = not optimizer.state  # the first step allocates the AdamW moments (a resumed run has them)
         held = row(p, "fp32 gradients") + (row(p, "AdamW moments") if fresh else 0)
@@ -197,20 +197,17 @@ def rehearse(args) -> None:
     weights, reference, rollout, update, checkpoint_bytes, merged = predictions(cfg, checkpoint)
     meter.wrap(train, "load_policy", "load_policy", weights)
     meter.wrap(train, "load_model", "load_reference", reference)
+    # The table's disk cache outlives the run directory (which --overwrite clears): the first rehearsal searches
+    # (5-13 minutes on 2 cores), later ones load it.
+    cache = work / "neighbors"
+    table_for = train.table_for
+    train.table_for = lambda model, cfg, cache_dir=None: table_for(model, cfg, cache_dir=cache)
     meter.wrap(train, "table_for", "neighbor_table")
     meter.wrap(train, "generate", "rollout", rollout)
     meter.wrap(train, "update", "update", update)
     meter.wrap(checkpoint_module, "save_checkpoint", "checkpoint", checkpoint_bytes)
     meter.wrap(train, "restore_checkpoint", "resume")
     meter.wrap(lora, "merged_copy", "merged_sampler", merged)
-    # The table's disk cache outlives the run directory: the first rehearsal searches (~11 minutes on 2
-    # cores), later ones load it.
-    (work / "run").mkdir(parents=True, exist_ok=True)
-    cache = work / "neighbors"
-    cache.mkdir(exist_ok=True)
-    link = work / "run" / "neighbors"
-    if not link.exists():
-        link.symlink_to(cache.resolve())
     if args.no_resume:  # one run of two steps: a checkpoint written once, never read back (a GPU call's budget)
         train.run(run_config(args, checkpoint, work / "run", max_steps=2, save_every=0))
     else:
