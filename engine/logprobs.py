@@ -159,8 +159,8 @@ class ChunkedLogprobs(torch.autograd.Function):
 def _logits_grad(logits, labels, g, g_entropy, entropy, dtype):
     """The logits' gradient of one chunk by log_softmax (the CPU path): g (onehot - p), + g_H (-p (log p + H))."""
     log_probs = logits.float().log_softmax(-1)
-    if g_entropy is None:
-        return (-(log_probs.exp_() * g[:, None])).scatter_add_(-1, labels[:, None], g[:, None]).to(dtype)
+    if g_entropy is None:  # in place: the chunk's logits and this one [c, V] buffer at the backward's peak
+        return log_probs.exp_().mul_(-g[:, None]).scatter_add_(-1, labels[:, None], g[:, None]).to(dtype)
     probs = log_probs.exp()
     grad = (-(probs * g[:, None])).scatter_add_(-1, labels[:, None], g[:, None])
     return (grad - g_entropy[:, None] * probs * (log_probs + entropy[:, None])).to(dtype)

@@ -216,12 +216,13 @@ def logit_chunk_bytes(cfg, mc: ModelConfig, device: str, prompt_tokens: int) -> 
     """A log-prob chunk at its peak (ngrpo._chunk_logprobs; chunk = --logprob-chunk-tokens or the micro-batch's
     response tokens): its forward holds three fp32 [chunk, V] tensors at once (log-probs, their exp and the
     entropy's product); its backward one of them beside the output matrix's gradient, which autograd sums
-    over the chunks out of place (running sum, the chunk's own, the result: measured on the CPU)."""
+    over the chunks out of place (running sum, the chunk's own, the result: measured on the CPU). With
+    --lora-rank the output matrix is frozen: no gradient of it."""
     rows, _ = update_tokens(cfg, prompt_tokens)
     chunk = min(cfg.logprob_chunk_tokens, rows * cfg.max_new_tokens)
     buffer = 4 * chunk * mc.vocab_size
     act, _ = _dtypes(device, False)
-    copies = 3 if rows * cfg.max_new_tokens > chunk else 1
+    copies = 0 if cfg.lora_rank else 3 if rows * cfg.max_new_tokens > chunk else 1
     return max(LOGIT_CHUNK_BUFFERS * buffer, copies * act * mc.vocab_size * mc.hidden_size + buffer)
 
 
@@ -309,7 +310,8 @@ def plan_memory(cfg, mc: ModelConfig, *, gpus: int = 1, gpu_gb: float = 80.0, de
     ]
     # AdamW's step: torch's foreach implementation (on GPU) makes one fp32 temporary per parameter shard (the
     # sqrt of the second moments); the per-tensor loop (on CPU) two of the largest tensor.
-    largest = max(mc.vocab_size * mc.hidden_size, params.block)
+    largest = max(mc.vocab_size * mc.hidden_size, params.block) if not adapters else \
+        cfg.lora_rank * max(mc.hidden_size, mc.intermediate_size, mc.num_heads * mc.head_dim)  # one adapter matrix
     step_temp = 4 * trainable // gpus if device == "cuda" else 2 * 4 * largest
     plan_rows.append(Row("AdamW step temporaries (instead of the two rows above)", 0, step_temp, optimizer_step=True))
     where = f"{gpus} x {gpu_gb:g} GiB GPU" if device == "cuda" else f"CPU with {gpu_gb:g} GiB"

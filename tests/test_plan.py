@@ -101,17 +101,21 @@ from config import Config
 from model import ModelConfig, random_model
 from replay import sequence_logprobs
 from rollout import Rollout
-from runtime import plan
+from runtime import lora, plan
 from benchmarks.common import rss_mb
 
-d, inter, layers, V, rows, P, T, checkpointing, chunk = json.loads(sys.argv[1])
+d, inter, layers, V, rows, P, T, checkpointing, chunk, rank = json.loads(sys.argv[1])
 mc = ModelConfig(family="qwen2", vocab_size=V, hidden_size=d, intermediate_size=inter, num_layers=layers,
                  num_heads=d // 64, num_kv_heads=2, head_dim=64, qkv_bias=True)
 cfg = replace(Config(), model="tiny", micro_batch_size=rows, max_prompt_tokens=P, max_new_tokens=T,
-              grad_checkpointing=checkpointing, logprob_chunk_tokens=chunk, freeze_embeddings=True)
+              grad_checkpointing=checkpointing, logprob_chunk_tokens=chunk, freeze_embeddings=True, lora_rank=rank)
 model = random_model(mc).train()
 model.gradient_checkpointing = checkpointing
 model.embed_tokens.weight.requires_grad_(False)
+if rank:  # --lora-rank: every weight frozen, the output matrix included; B drawn non-zero so that A gets a gradient
+    lora.add_adapters(model, lora.LoraSettings(rank=rank, alpha=2.0 * rank))
+    for p in lora.adapter_parameters(model):
+        torch.nn.init.normal_(p, std=0.02)
 g = torch.Generator().manual_seed(0)
 prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(rows)]
 cand_ids = torch.randint(0, V, (rows, T, 2), generator=g)
@@ -137,8 +141,9 @@ print(json.dumps({"measured": (rss_mb("VmHWM") - before) * 2**20,
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to measure peak RSS")
 @pytest.mark.parametrize("shape", [
-    [256, 1024, 2, 4096, 2, 64, 448, False, 256],  # every block's tensors held: ~70 MB
-    [512, 2048, 2, 8192, 2, 128, 896, True, 512],  # checkpointed: the log-prob chunk's backward dominates, ~140 MB
+    [256, 1024, 2, 4096, 2, 64, 448, False, 256, 0],  # every block's tensors held: ~70 MB
+    [512, 2048, 2, 8192, 2, 128, 896, True, 512, 0],  # checkpointed: the log-prob chunk's backward dominates, ~140 MB
+    [1024, 2048, 1, 32768, 2, 32, 128, True, 256, 16],  # rank-16 adapters: no gradient of the [V, d] output matrix
 ])
 def test_update_memory_matches_the_peak_measured_on_the_cpu(shape):
     """One forward + backward of the update's replay path in a fresh process whose large buffers are each their
