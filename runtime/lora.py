@@ -183,9 +183,6 @@ class WithoutAdapters(ModelCall):
     """The base model as the KL reference, with no copy of its weights: the policy's ModelCall (sharded or not)
     called with its adapters off. Update code runs it as it runs any ModelCall (`distributed.run_model`)."""
 
-    def __init__(self, policy: ModelCall):
-        super().__init__(policy)
-
     def forward(self, fn, *args, **kwargs):
         with adapters_off(self.model.model):
             return self.model(fn, *args, **kwargs)
@@ -219,10 +216,10 @@ def save_adapters(model: Transformer, out_dir, tokenizer=None, *, world: World =
     """The adapters in PEFT's format: adapter_model.safetensors (fp32, PEFT's key names) and adapter_config.json,
     plus the tokenizer's files when one is given. Under torchrun every rank calls it (each adapter is gathered
     whole) and rank 0 writes."""
-    tensors = {PEFT_PREFIX + name: full_tensor(p.detach()).to("cpu", torch.float32).contiguous()
-               for name, p in adapter_state(model).items()}
+    gathered = {name: full_tensor(p.detach()) for name, p in adapter_state(model).items()}  # a collective each
     if not world.is_main:
         return
+    tensors = {PEFT_PREFIX + name: p.to("cpu", torch.float32).contiguous() for name, p in gathered.items()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
