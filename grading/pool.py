@@ -197,15 +197,19 @@ class _Worker:
 
 
 _live_pools = weakref.WeakSet()
+# Idle workers a closed pool left for the next pool of the same settings (its worker command) in this process: a
+# worker costs ~1 s of CPU to start (Python, sympy, a warm-up check), and a program that evaluates or trains more
+# than once (eval.py's benchmarks, a sweep's steps, a test session) would pay it per pool. Stopped at exit.
+_spare_workers: dict[tuple[str, ...], list["_Worker"]] = {}
 
 
 class RewardPool:
     """Scores batches of (response, reference) pairs in parallel worker processes, each check bounded by
-    `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start
-    on first need and live until close() (or exit). Failures are never silent: `timeouts` counts the checks
-    that ran out of time (any grader), `errors` those a user's function failed (it raised, killed its
-    worker, or returned no finite number), `last_error` says the latest; the first one is printed to
-    stderr with its traceback (the earliest pair of its batch, whichever worker finished first).
+    `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start on
+    first need (or come from a closed pool of the same settings) and serve until close(). Failures are never
+    silent: `timeouts` counts the checks that ran out of time (any grader), `errors` those a user's function
+    failed (it raised, killed its worker, or returned no finite number), `last_error` says the latest; the first
+    one is printed to stderr with its traceback (the earliest pair of its batch, whichever worker finished first).
 
     grader: "ours" (grading/grader.py: exact, sympy-based; pairs its fast paths decide never leave this process)
     or "math-verify" (pip install math-verify). reward_fn: "module:function" or "path/to/file.py:function",
@@ -360,7 +364,10 @@ class RewardPool:
         self.last_error = f"{name}: {message}"
 
     def _start_worker(self) -> _Worker:
-        worker = _Worker(self._command)
+        spares = _spare_workers.get(tuple(self._command), [])
+        while spares and spares[-1].process.poll() is not None:  # one that died while it waited
+            spares.pop().stop()
+        worker = spares.pop() if spares else _Worker(self._command)
         self._selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
         self._workers.append(worker)
         return worker
@@ -372,11 +379,19 @@ class RewardPool:
         self._start_worker()
 
     def close(self) -> None:
-        """Stop the workers (idempotent)."""
+        """Release the workers (idempotent): the idle ones of a grader (not of a user's reward_fn) wait for the
+        next pool of the same settings in this process (up to num_workers of them), the others are stopped; all
+        end at exit, or when this process dies (their input closes)."""
         with self._lock:
+            spares = _spare_workers.setdefault(tuple(self._command), [])
             for worker in self._workers:
                 self._selector.unregister(worker.process.stdout)
-                worker.stop(wait_s=1.0)
+                # not a user's function's: its file may change before the next pool (a notebook's edit)
+                handed_on = not self.reward_fn and worker.job is None and worker.process.poll() is None
+                if handed_on and len(spares) < self.num_workers:
+                    spares.append(worker)
+                else:
+                    worker.stop(wait_s=1.0)
             self._workers = []
 
     def __enter__(self) -> "RewardPool":
@@ -390,6 +405,14 @@ class RewardPool:
 def _close_live_pools() -> None:
     for pool in list(_live_pools):
         pool.close()
+    stop_spare_workers()
+
+
+def stop_spare_workers() -> None:
+    """Stops the idle workers closed pools left (at exit; or to free their memory sooner)."""
+    for spares in _spare_workers.values():
+        while spares:
+            spares.pop().stop(wait_s=1.0)
 
 
 def _safe_fast_verdict(prediction: str, reference: str, rel_tol: float = 0.0) -> bool | None:

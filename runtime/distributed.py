@@ -42,6 +42,7 @@ class World:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     distributed: bool = False
+    opened: bool = False  # init_world started the process group (close_world ends it); False: the caller's
 
     @property
     def is_main(self) -> bool:
@@ -67,13 +68,16 @@ def init_world(device: str = "", timeout_s: float = 600.0) -> World:
     where = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(where)
-    if not dist.is_initialized():
+    opened = not dist.is_initialized()
+    if opened:
         dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timedelta(seconds=timeout_s))
-    return World(rank, size, local_rank, where, True)
+    return World(rank, size, local_rank, where, True, opened)
 
 
 def close_world(world: World) -> None:
-    if world.distributed and dist.is_initialized():
+    """Ends the process group init_world started; one the caller started stays for its next run (a program that
+    runs train.run or eval.main several times in one job opens it once: gloo cannot start a second one)."""
+    if world.opened and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -341,7 +341,9 @@ def test_eval_with_two_processes_writes_the_one_process_results(tmp_path):
 
 # A tiny run (8 prompts x 4 responses per step, 12-token responses, 3 rollout calls of 12, 8, 12 rows, uneven
 # micro-batches of 3 rows, KL on) with a stand-in reward that gives the update a signal (an odd-length
-# response scores 1). It records each step's responses in rollouts.jsonl.
+# response scores 1). It records each step's responses in rollouts.jsonl. One job may make several runs, one after
+# another (each with its own process group: train.run opens and closes it), as [out, explore, steps, resume,
+# overrides] in argv[2]: a job's processes spend most of their CPU starting.
 TRAIN = """
 import json, sys
 from dataclasses import replace
@@ -349,26 +351,29 @@ sys.path.insert(0, sys.argv[1])
 import train
 from config import preset
 from reward import RewardPool
+from runtime import distributed
 RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
-out, explore, steps, resume = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "resume"
-overrides = json.loads(sys.argv[6])
 collect = train.collect_groups
 def recorded(r, step):
     groups = collect(r, step)
     if r.world.is_main:
-        with open(out + "/rollouts.jsonl", "a") as f:
+        with open(r.out_dir / "rollouts.jsonl", "a") as f:
             f.write(json.dumps({"step": step + 1, "responses": groups.rollout.responses()}) + "\\n")
     return groups
 train.collect_groups = recorded
-train.run(replace(preset("tiny"), out_dir=out, explore=explore, max_steps=steps, resume=resume, save_every=2,
-                  prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=3, max_new_tokens=12,
-                  rollout_batch_size=12, kl_coef=0.05, mix_rate=0.3, **overrides))
+if len(json.loads(sys.argv[2])) > 1:  # the job's process group, kept from run to run
+    distributed.init_world("cpu")
+for out, explore, steps, resume, overrides in json.loads(sys.argv[2]):
+    train.run(replace(preset("tiny"), out_dir=out, explore=explore, max_steps=steps, resume=resume, save_every=2,
+                      prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=3, max_new_tokens=12,
+                      rollout_batch_size=12, kl_coef=0.05, mix_rate=0.3, **overrides))
 """
 TIMING = ("rollout_s", "score_s", "update_s", "step_s", "rollout_tokens_per_s", "update_tokens_per_s")
 
 
-def script_args(out: Path, explore: str, steps: int, resume: bool, overrides: dict) -> list[str]:
-    return [str(ROOT), str(out), explore, str(steps), "resume" if resume else "fresh", json.dumps(overrides)]
+def planned(out: Path, explore: str, steps: int, resume: bool = False, **overrides) -> list:
+    """One run of TRAIN: Config fields `overrides` changed."""
+    return [str(out), explore, steps, resume, overrides]
 
 
 def train_here(out: Path, explore: str, steps: int, **overrides) -> None:
@@ -380,20 +385,26 @@ def train_here(out: Path, explore: str, steps: int, **overrides) -> None:
     with pytest.MonkeyPatch.context() as patch, torch_threads(1):
         patch.setattr(reward.RewardPool, "score", reward.RewardPool.score)  # put back on leaving
         patch.setattr(train, "collect_groups", train.collect_groups)
-        patch.setattr(sys, "argv", ["train-script", *script_args(out, explore, steps, False, overrides)])
+        patch.setattr(sys, "argv", ["train-script", str(ROOT), json.dumps([planned(out, explore, steps, **overrides)])])
         exec(compile(TRAIN, "train-script", "exec"), {"__name__": "__main__"})
+
+
+def start_train_runs(processes: int, runs: list[list], script: Path) -> subprocess.Popen:
+    """TRAIN's `runs` (planned) one after another in one job of `torchrun --nproc-per-node processes`, started;
+    finished_run waits for it."""
+    script.write_text(TRAIN)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    return subprocess.Popen([*launch, str(script), str(ROOT), json.dumps(runs)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def start_train_run(out: Path, processes: int, explore: str, steps: int, resume: bool = False,
                     **overrides) -> subprocess.Popen:
     """train.py's run under `torchrun --nproc-per-node processes` (Config fields `overrides` changed), started;
     finished_run waits for it."""
-    script = out.parent / f"{out.name}-train.py"
-    script.write_text(TRAIN)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-    return subprocess.Popen([*launch, str(script), *script_args(out, explore, steps, resume, overrides)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return start_train_runs(processes, [planned(out, explore, steps, resume, **overrides)],
+                            out.parent / f"{out.name}-train.py")
 
 
 def ended(process: subprocess.Popen) -> subprocess.CompletedProcess:
@@ -448,47 +459,11 @@ def assert_same_run(got: dict, expected: dict, steps: int):
     assert max_diff(got["weights"], expected["weights"]) < 1e-5
 
 
-@pytest.fixture(scope="module")
-def neighbor_runs(tmp_path_factory) -> Path:
-    """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and one plain process, 2 steps."""
-    root = tmp_path_factory.mktemp("neighbor")
-    with running(start_train_run(root / "two", 2, "neighbor", 4)) as two:
-        train_here(root / "one", "neighbor", 2)
-    finished_run(two)
-    return root
-
-
-def test_two_processes_train_like_one_with_neighbor_mixing(neighbor_runs):
-    one = outputs(neighbor_runs / "one", 2)
-    assert sum(m["mix_rate"] for m in one["metrics"]) > 0 and one["metrics"][-1]["grad_norm"] > 0
-    assert_same_run(outputs(neighbor_runs / "two", 2), one, steps=2)
-
-
-def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(neighbor_runs, tmp_path):
-    """--micro-batch-tokens under torchrun (rows dealt by balanced tokens, stand-ins padding the calls, the
-    old-policy and reference replays gathered by row): the metrics and weights of one process with fixed
-    3-row micro-batches (prompts ~160 tokens: the budget takes 3 rows of similar length at a time)."""
-    train_run(tmp_path / "two", 2, "neighbor", 2, micro_batch_tokens=500)
-    assert_same_run(outputs(tmp_path / "two", 2), outputs(neighbor_runs / "one", 2), steps=2)
-
-
 # Every loss-side flag at once (docs/estimators.md): each row's advantage, KL and token mask depend on the whole
 # batch (pass@k ranks a group, the KL penalty shapes rewards, the entropy quantile and the adaptive coefficient are
 # batch-wide), so each rank must see every row's replay.
 LOSS_SIDE = dict(adv_estimator="passk", pass_k=2, kl_estimator="k2", kl_in_reward=True, top_entropy_quantile=0.5,
                  entropy_coef=0.01, entropy_target=50.0, entropy_coef_delta=0.004)
-
-
-def test_two_processes_train_like_one_without_exploration_and_with_every_loss_side_flag(tmp_path):
-    with running(start_train_run(tmp_path / "two", 2, "none", 2, **LOSS_SIDE)) as two:
-        train_here(tmp_path / "one", "none", 2, **LOSS_SIDE)
-    finished_run(two)
-    got, expected = outputs(tmp_path / "two", 2), outputs(tmp_path / "one", 2)
-    assert_same_run(got, expected, steps=2)
-    assert [m["entropy_coef"] for m in expected["metrics"][:2]] == [0.0, 0.004]  # c_0 = 0, then c_0 + delta
-    assert all(0.5 <= m["pg_token_frac"] < 0.6 for m in expected["metrics"][:2])
-    assert [m["kl_in_reward"] > 0 for m in expected["metrics"][:2]] == [False, True]  # step 1: policy = reference
-
 
 # The soft-token strategies (docs/algorithm.md): Soft Thinking with Cold Stop (a counter per row, kept by the engine
 # as rows are dealt to ranks and slots), min-p and Dirichlet noise (gamma draws); Randomized Soft Thinking's
@@ -498,36 +473,79 @@ COLD_STOP = dict(early_stopping_entropy_threshold=10.0, early_stopping_length_th
 SOFT = {"soft": dict(min_p=0.05, dirichlet_alpha=1.0, **COLD_STOP), "soft-gumbel": dict(gumbel_temperature=0.5,
                                                                                          **COLD_STOP),
         "mixinputs": dict(mixinputs_beta=2.0)}
+ADAPTERS = dict(lora_rank=4, lora_alpha=8.0, lr=1e-3)
+
+# name -> (explore, steps of the 2-process run, steps of the one-process reference (0: none), Config overrides):
+# --micro-batch-tokens (rows dealt by balanced tokens, stand-ins padding the calls, the old-policy and reference
+# replays gathered by row) is compared with the neighbor reference's fixed 3-row micro-batches (prompts ~160 tokens:
+# the budget takes 3 rows of similar length at a time); the adapters' reference runs the step the resumed job adds.
+RUNS = {"neighbor": ("neighbor", 4, 2, {}), "token-budget": ("neighbor", 2, 0, dict(micro_batch_tokens=500)),
+        "loss-side": ("none", 2, 2, LOSS_SIDE), **{name: (name, 2, 2, flags) for name, flags in SOFT.items()},
+        "adapters": ("neighbor", 2, 3, ADAPTERS)}
+
+
+@pytest.fixture(scope="module")
+def job_runs(tmp_path_factory) -> Path:
+    """RUNS by 2 processes, one after another in one torchrun job (checkpoints every 2 steps), in NAME/two; and
+    their references by one plain process here while the job runs, in NAME/one."""
+    root = tmp_path_factory.mktemp("runs")
+    job = start_train_runs(2, [planned(root / name / "two", explore, steps, **flags)
+                               for name, (explore, steps, _, flags) in RUNS.items()], root / "train.py")
+    with running(job):
+        for name, (explore, _, steps, flags) in RUNS.items():
+            if steps:
+                train_here(root / name / "one", explore, steps, **flags)
+    finished_run(job)
+    return root
+
+
+@pytest.fixture(scope="module")
+def neighbor_runs(job_runs) -> Path:
+    """2 processes, 4 steps with --explore neighbor (checkpoints at 2 and 4), and one plain process, 2 steps."""
+    return job_runs / "neighbor"
+
+
+def test_two_processes_train_like_one_with_neighbor_mixing(neighbor_runs):
+    one = outputs(neighbor_runs / "one", 2)
+    assert sum(m["mix_rate"] for m in one["metrics"]) > 0 and one["metrics"][-1]["grad_norm"] > 0
+    assert_same_run(outputs(neighbor_runs / "two", 2), one, steps=2)
+
+
+def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(job_runs, neighbor_runs):
+    """--micro-batch-tokens under torchrun: the metrics and weights of one process with fixed 3-row micro-batches."""
+    assert_same_run(outputs(job_runs / "token-budget" / "two", 2), outputs(neighbor_runs / "one", 2), steps=2)
+
+
+def test_two_processes_train_like_one_without_exploration_and_with_every_loss_side_flag(job_runs):
+    got, expected = outputs(job_runs / "loss-side" / "two", 2), outputs(job_runs / "loss-side" / "one", 2)
+    assert_same_run(got, expected, steps=2)
+    assert [m["entropy_coef"] for m in expected["metrics"][:2]] == [0.0, 0.004]  # c_0 = 0, then c_0 + delta
+    assert all(0.5 <= m["pg_token_frac"] < 0.6 for m in expected["metrics"][:2])
+    assert [m["kl_in_reward"] > 0 for m in expected["metrics"][:2]] == [False, True]  # step 1: policy = reference
 
 
 @pytest.mark.parametrize("explore", SOFT)
-def test_two_processes_roll_out_and_train_a_soft_token_strategy_like_one(tmp_path, explore):
-    with running(start_train_run(tmp_path / "two", 2, explore, 2, **SOFT[explore])) as two:
-        train_here(tmp_path / "one", explore, 2, **SOFT[explore])
-    finished_run(two)
-    one = outputs(tmp_path / "one", 2)
+def test_two_processes_roll_out_and_train_a_soft_token_strategy_like_one(job_runs, explore):
+    one = outputs(job_runs / explore / "one", 2)
     assert all(m["grad_norm"] > 0 for m in one["metrics"])
-    assert_same_run(outputs(tmp_path / "two", 2), one, steps=2)
+    assert_same_run(outputs(job_runs / explore / "two", 2), one, steps=2)
 
 
-def test_two_processes_train_adapters_like_one_and_resume_them(tmp_path):
+def test_two_processes_train_adapters_like_one_and_resume_them(job_runs):
     """--lora-rank under torchrun: the adapted model sharded by FSDP2 (frozen base and adapters alike), the KL
     reference the policy with its adapters off, the sampler merged from gathered shards after every update, the
     checkpoints' adapters gathered to rank 0; resumed by 2 processes from the step-2 checkpoint they wrote. The
     responses, metrics and adapters of 3 steps equal those of one plain process."""
     from safetensors.torch import load_file
 
-    flags = dict(lora_rank=4, lora_alpha=8.0, lr=1e-3)
-    with running(start_train_run(tmp_path / "two", 2, "neighbor", 2, **flags)) as two:
-        train_here(tmp_path / "one", "neighbor", 3, **flags)
-    finished_run(two)
-    train_run(tmp_path / "two", 2, "neighbor", 3, resume=True, **flags)
+    root = job_runs / "adapters"
+    train_run(root / "two", 2, "neighbor", 3, resume=True, **ADAPTERS)
     runs = {}
     for name in ("one", "two"):
-        lines = lambda file: [json.loads(line) for line in (tmp_path / name / file).read_text().splitlines()]
+        lines = lambda file: [json.loads(line) for line in (root / name / file).read_text().splitlines()]
         runs[name] = dict(rollouts=lines("rollouts.jsonl"),
                           metrics=[{k: v for k, v in m.items() if k not in TIMING} for m in lines("metrics.jsonl")],
-                          weights=load_file(tmp_path / name / "checkpoints" / "step-3" / "adapter_model.safetensors"))
+                          weights=load_file(root / name / "checkpoints" / "step-3" / "adapter_model.safetensors"))
     one = runs["one"]
     assert all(m["grad_norm"] > 0 for m in one["metrics"]) and sum(m["mix_rate"] for m in one["metrics"]) > 0
     assert any(value.abs().max() > 1e-4 for key, value in one["weights"].items() if "lora_B" in key)  # B moved

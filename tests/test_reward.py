@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from grading.pool import stop_spare_workers
 from reward import RewardPool, choice_reward, extract_answer, extract_choice, is_equiv, math_reward
 
 EVAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval"
@@ -493,14 +494,31 @@ def test_non_string_input_does_not_raise():
     assert choice_reward(None, "A") == 0.0
 
 
-def test_close_stops_the_workers():
+def test_close_hands_idle_workers_to_the_next_pool_of_the_same_settings_and_stops_the_rest(tmp_path):
+    stop_spare_workers()  # none left by earlier tests in this process
+    hard = [("\\boxed{x+x}", "2x"), ("\\boxed{x^2}", "x \\cdot x")]  # both need sympy: two workers start
     pool = RewardPool(num_workers=2, timeout_s=5.0)
-    pool.score([("\\boxed{x+x}", "2x"), ("\\boxed{x^2}", "x \\cdot x")])
-    processes = [worker.process for worker in pool._workers]
-    assert len(processes) == 2
+    assert pool.score(hard) == [1.0, 1.0]
+    first = [worker.process for worker in pool._workers]
+    assert len(first) == 2
+    pool._workers[0].job = 7  # as if a batch had been interrupted on it: it is not handed on
     pool.close()
     pool.close()
-    assert all(process.poll() is not None for process in processes)
+    assert first[0].poll() is not None and first[1].poll() is None
+    with RewardPool(num_workers=1, rel_tol=0.04) as other:  # other settings: a worker of its own
+        assert other.score(hard[:1]) == [1.0]
+        assert [worker.process for worker in other._workers] != [first[1]]
+    with RewardPool(num_workers=2, timeout_s=1.0) as same:  # the same settings take the idle one over
+        assert same.score(hard) == [1.0, 1.0]
+        served = [worker.process for worker in same._workers]
+        assert first[1] in served and len(served) == 2
+    stop_spare_workers()
+    assert all(process.poll() is not None for process in served)
+    (tmp_path / "mine.py").write_text("def reward(response, reference):\n    return 1.0\n")
+    with RewardPool(num_workers=1, reward_fn=f"{tmp_path / 'mine.py'}:reward") as users:  # a user's function:
+        assert users.score(hard[:1]) == [1.0]  # its file may change before the next pool, so nothing is kept
+        served = [worker.process for worker in users._workers]
+    assert len(served) == 1 and served[0].poll() is not None
 
 
 # ---- the real benchmark answers (skipped without ../shared/data)
