@@ -61,9 +61,11 @@ class Config:
                           "weighted by a second softmax, topk-gumbel = Gumbel-perturbed choice of them, "
                           "gaussian_embed_noise = topk + Gaussian noise, orthogonal_noise = the greedy token + "
                           "noise scaled by the other top tokens; soft-gumbel = Randomized Soft Thinking's "
-                          "Gumbel-softmax soft tokens (arXiv 2508.03440); mixinputs = Mixture of Inputs (2505.14827)",
+                          "Gumbel-softmax soft tokens (arXiv 2508.03440); mixinputs = Mixture of Inputs (2505.14827); "
+                          "multiplex = Multiplex Thinking's K sampled tokens merged, trained by their joint "
+                          "log-probability (2601.08808)",
                           ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel", "gaussian_embed_noise",
-                           "orthogonal_noise", "soft-gumbel", "mixinputs"))
+                           "orthogonal_noise", "soft-gumbel", "mixinputs", "multiplex"))
     mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
                              "(per sequence, per step)")
     mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
@@ -103,6 +105,13 @@ class Config:
     dirichlet_alpha: float = option(0.0, "soft / soft-gumbel: Dirichlet noise, p replaced by a draw of Dirichlet("
                                     "alpha p) before the top-k (Soft Thinking's --add_noise_dirichlet "
                                     "--dirichlet_alpha, its sglang layers/sampler.py; 0 = off)")
+    multiplex_width: int = option(3, "multiplex: K, the tokens drawn from the sampling distribution at each thinking "
+                                  "step (Multiplex Thinking's max_topk / MULTIPLEX_WIDTH; 3 in its run_train.sh)")
+    multiplex_weights: str = option("uniform", "multiplex: the merge, uniform = the K embeddings' plain average (its "
+                                    "enable_unweighting=True, run_train.sh); probs = weighted by p(token) "
+                                    "renormalised over the K", ("uniform", "probs"))
+    multiplex_replacement: bool = option(True, "multiplex: draw the K tokens with replacement (its "
+                                         "enable_replacement=True, run_train.sh); off: K distinct tokens")
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
@@ -306,7 +315,7 @@ class Config:
         problems = []
         if self.explore == "neighbor" and self.num_neighbors >= vocab_size:
             problems.append(("num_neighbors", f"must be below the vocabulary size of --model {model} ({vocab_size})"))
-        if self.explore not in ("none", "neighbor", "mixinputs") and self.soft_top_k > vocab_size:
+        if self.explore not in ("none", "neighbor", "mixinputs", "multiplex") and self.soft_top_k > vocab_size:
             problems.append(("soft_top_k", f"must be at most the vocabulary size of --model {model} ({vocab_size})"))
         if problems:
             raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
@@ -398,7 +407,7 @@ RANGES = {
     "min_p": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"), "gumbel_temperature": _POSITIVE,
     "mixinputs_beta": (lambda v: v >= 0 or v <= -99, "must be >= 0 (or <= -99: the direct mixture)"),
     "early_stopping_entropy_threshold": _AT_LEAST_0, "early_stopping_length_threshold": _AT_LEAST_1,
-    "dirichlet_alpha": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
+    "dirichlet_alpha": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "multiplex_width": _AT_LEAST_1,
     "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
     "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
     "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -456,6 +465,10 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0 and c.min_p == 0), "rollout "
          "needs --top-p 1, --top-k 0 and --min-p 0: with filtering the sampler's log-probs are of the filtered "
          "distribution and the replayed ones are not"),
+        *[("explore", c.explore != "multiplex" or ok, f"multiplex (a loss over each step's K tokens) needs {needs}")
+          for ok, needs in ((c.loss == "grpo", "--loss grpo: GSPO's sequence ratio has no per-token candidates"),
+                            (c.old_logp == "replay", "--old-logp replay: the sampler records log p of one token"),
+                            (not c.kl_in_reward, "the KL in the loss, not --kl-in-reward"))],
         ("rollout_is", c.rollout_is == "none" or c.old_logp == "replay", "needs --old-logp replay: with "
          "rollout the old policy's log-probs are the sampler's own, so every weight would be 1"),
         ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy sampler's "
@@ -502,9 +515,11 @@ IDLE_WITHOUT = {
                     (lambda c: c.explore == "neighbor", "--explore neighbor")),
     "noise_sigma": (lambda c: c.explore in ("gaussian", "gaussian_embed_noise"), "--explore gaussian or "
                     "gaussian_embed_noise"),
-    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor", "mixinputs"), "an --explore other than none, "
-                   "neighbor and mixinputs"),
+    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor", "mixinputs", "multiplex"), "an --explore other "
+                   "than none, neighbor, mixinputs and multiplex"),
     "mixinputs_beta": (lambda c: c.explore == "mixinputs", "--explore mixinputs"),
+    **dict.fromkeys(("multiplex_width", "multiplex_weights", "multiplex_replacement"),
+                    (lambda c: c.explore == "multiplex", "--explore multiplex")),
     "gumbel_temperature": (lambda c: c.explore == "soft-gumbel", "--explore soft-gumbel"),
     **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold", "dirichlet_alpha"),
                     (lambda c: c.explore in COLD_STOP, "--explore soft or soft-gumbel")),

@@ -431,7 +431,8 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "min_p", "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
                "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
                "noise_sigma", "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
-               "early_stopping_length_threshold", "dirichlet_alpha", "seed", "out_dir", "resume", "overwrite",
+               "early_stopping_length_threshold", "dirichlet_alpha", "multiplex_width", "multiplex_weights",
+               "multiplex_replacement", "seed", "out_dir", "resume", "overwrite",
                "device", "dist_timeout_s", "grader", "reward", "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
@@ -444,7 +445,8 @@ EVAL_HELP = {
     "top_p": "nucleus sampling threshold (1 = off)",
     "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): neighbor = "
                "N-GRPO's neighbor mixing, soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures, "
-               "soft-gumbel = Randomized Soft Thinking, mixinputs = Mixture of Inputs, and the released code's "
+               "soft-gumbel = Randomized Soft Thinking, mixinputs = Mixture of Inputs, multiplex = Multiplex "
+               "Thinking's K sampled tokens merged, and the released code's "
                "topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
     "the run": "the evaluation",
     "seed": "seed of the samples' draws (each sample's draws depend on the seed, its benchmark, problem and "

@@ -38,6 +38,7 @@ from replay import sequence_logprobs
 from rollout import Rollout
 from runtime import distributed
 from runtime.distributed import World
+from strategies import STRATEGIES
 
 
 def keep_groups(rewards: torch.Tensor, group_size: int, strategy: str) -> torch.Tensor:
@@ -125,7 +126,7 @@ class LossSettings:
 
 
 def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref_logp=None, normalizer=None,
-                run_tokens=None, is_weights=None, entropy=None):
+                run_tokens=None, is_weights=None, entropy=None, candidates=None):
     """Clipped policy-gradient loss (+ kl_coef * the KL estimate, - entropy_coef * the entropy) aggregated over the
     tokens of `mask` as settings.loss_agg says, divided by normalizer (default: this batch's token count for
     token-mean, else its count of rows with a token; pass the whole mini-batch's count when this is one micro-batch).
@@ -134,7 +135,12 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
     --rollout-is; 0 on the tokens --top-entropy-quantile leaves out): each token's clipped loss is multiplied by
     its weight, which carries no gradient; the KL term is not weighted, and a token weighted 0 still counts in the
     normalizer. Returns (loss, metrics); each metric is a sum / normalizer, so micro-batches add up (fractions and
-    ratio_mean are token means, or means of per-sequence token means in the seq modes)."""
+    ratio_mean are token means, or means of per-sequence token means in the seq modes).
+
+    candidates [B, T, K] bool (Multiplex Thinking; logp, old_logp and ref_logp then [B, T, K]): the joint
+    log-probability of a step's K drawn tokens, sum_k log p(i_k), trained as its released loss does (verl's
+    core_algos.py, compute_multiplex_thinking_policy_loss): a ratio and a clipped loss per candidate, summed over the
+    candidates `candidates` marks (the KL term alike); the metrics are means over them."""
     cfg = settings
     mask = mask.float()
     if normalizer is None:
@@ -147,12 +153,16 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
     mean_mode = cfg.loss_agg if cfg.loss_agg in ("token-mean", "token-mean-per-rows") else "seq-mean-token-mean"
     mean = lambda values: aggregate(values, mask, mode=mean_mode, normalizer=normalizer,
                                     max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
+    per_token = (lambda values: values) if candidates is None else \
+        (lambda values: (values * candidates).sum(-1))  # [B, T, K] -> [B, T]: the candidates' sum
+    per_token_mean = (lambda values: values) if candidates is None else \
+        (lambda values: per_token(values.float()) / candidates.sum(-1).clamp_min(1))
     log_ratio = logp - old_logp
     if cfg.loss == "gspo":
         # One ratio per sequence; its gradient flows to every token through the mean.
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp_min(1.0))[:, None].expand_as(logp)
     ratio = log_ratio.clamp(-20.0, 20.0).exp()
-    adv = advantages[:, None].float()  # [B, 1]
+    adv = advantages.float().view(-1, *[1] * (logp.dim() - 1))  # [B, 1] (or [B, 1, 1] per candidate)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     token_loss = torch.maximum(unclipped, clipped)
@@ -161,6 +171,7 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
         # For A < 0 a huge ratio would make the loss unbounded: cap it at -c * A.
         dual = (adv < 0) & (token_loss > -cfg.dual_clip * adv)
         token_loss = torch.where(dual, -cfg.dual_clip * adv, token_loss)
+    token_loss = per_token(token_loss)
     if is_weights is not None:
         # After both clips, before the KL term, as TRL's GRPOTrainer (per_token_loss * importance_sampling_ratio)
         # and verl's compute_policy_loss (pg_losses * rollout_is_weights) apply it.
@@ -169,14 +180,14 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
     with torch.no_grad():
         metrics = {
             "pg_loss": pg_loss.detach(),
-            "clip_frac_high": mean(((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float()),
-            "clip_frac_low": mean(((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float()),
-            "dual_clip_frac": mean(dual.float()),
-            "ratio_mean": mean(ratio),
+            "clip_frac_high": mean(per_token_mean(((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float())),
+            "clip_frac_low": mean(per_token_mean(((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float())),
+            "dual_clip_frac": mean(per_token_mean(dual.float())),
+            "ratio_mean": mean(per_token_mean(ratio)),
         }
     loss = pg_loss
     if ref_logp is not None and cfg.kl_coef > 0 and not cfg.kl_in_reward:
-        kl = total(KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp))
+        kl = total(per_token(KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)))
         loss = loss + cfg.kl_coef * kl
         metrics["kl"] = kl.detach()
     if cfg.entropy_coef > 0:  # entropy [B, T] with its gradient (replay.sequence_logprobs): higher entropy, lower loss
@@ -445,11 +456,35 @@ def replay_logprobs(model, rollout, cfg, world: World = World(), *, entropy: boo
                disable=None if world.is_main else True)
     for index, real in bar:
         micro = rollout.select(index).trimmed()  # up to its longest response only
-        values = torch.stack(replay(model, micro, cfg)[: 1 + entropy], 1).float()  # [b, 1 or 2, T or less]
-        values = F.pad(values, (0, width - values.shape[-1]))  # [b, 1 or 2, T]
+        logp, entropies = replay(model, micro, cfg)
+        # [b, T or less, K (+ 1)]: log p of the scored token(s) (K = 1 but for Multiplex Thinking), then the entropy
+        values = torch.cat([logp.view(*entropies.shape, -1)] + [entropies[..., None]] * entropy, -1).float()
+        values = F.pad(values, (0, 0, 0, width - values.shape[1]))  # [b, T, K (+ 1)]
         rows += list(zip(index, values.cpu() if world.distributed else values)) if real else []  # stand-ins dropped
     values = torch.stack(distributed.gather_indexed(rows, num_rows, world)).to(distributed.device_of(model))
-    return (values[:, 0], values[:, 1]) if entropy else values[:, 0]
+    logp = values[..., : values.shape[-1] - entropy]
+    logp = logp if scores_candidates(rollout) else logp[..., 0]
+    return (logp, values[..., -1]) if entropy else logp
+
+
+def scores_candidates(rollout) -> bool:
+    """Whether training scores every candidate of the rollout's strategy (Multiplex Thinking): log-probs [N, T, K]."""
+    return STRATEGIES[rollout.strategy].scores == "cand_ids"
+
+
+def action_logp(logp: torch.Tensor) -> torch.Tensor:
+    """[N, T] log p of each step's action y: the first candidate where every candidate is scored (a Multiplex
+    Thinking step's first draw is y, and the sampler records log p(y))."""
+    return logp[..., 0] if logp.dim() == 3 else logp
+
+
+def scored_candidates(rollout) -> torch.Tensor | None:
+    """[N, T, K] bool: the candidates a Multiplex Thinking loss trains on, those of weight > 0 (every draw of a
+    thinking step; the action alone at an answer step, recorded [y, y, ...] with weights [1, 0, ...]); None when
+    only the action is scored."""
+    if not scores_candidates(rollout):
+        return None
+    return rollout.steps["cand_weights"] > 0
 
 
 def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *, on_policy: bool = False,
@@ -469,8 +504,8 @@ def make_episodes(policy, reference, rollout, advantages, cfg, world: World = Wo
         replayed, old_entropy = replayed if entropy else (replayed, None)
     ref_logp = None if reference is None else replay_logprobs(reference, rollout, cfg, world)
     old_logp = rollout.logprobs.float() if cfg.old_logp == "rollout" else replayed
-    mismatch = None if replayed is None else mismatch_sums(replayed, rollout.logprobs, rollout.response_mask(),
-                                                           RolloutCorrection.of(cfg))
+    mismatch = None if replayed is None else mismatch_sums(action_logp(replayed), rollout.logprobs,
+                                                           rollout.response_mask(), RolloutCorrection.of(cfg))
     episodes = Episodes(rollout=rollout, advantages=advantages.to(rollout.logprobs.device), old_logp=old_logp,
                         ref_logp=ref_logp, in_loss=rollout.finished if cfg.mask_truncated else None)
     return episodes, mismatch, old_entropy
@@ -509,10 +544,11 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
         old_logp = logp.detach() if micro.old_logp is None else micro.old_logp.to(device)
         sampler_logp, response_mask = micro.rollout.logprobs.to(device), micro.rollout.response_mask().to(device)
         if micro.old_logp is None:  # the mismatch is measured in this forward (make_episodes did not replay)
-            mismatch = add_sums(mismatch, mismatch_sums(old_logp, sampler_logp, response_mask & real, correction))
+            mismatch = add_sums(mismatch, mismatch_sums(action_logp(old_logp), sampler_logp, response_mask & real,
+                                                        correction))
         # Weights per row, from the row's own log-probs: the same whatever the micro-batch or the rank.
         is_weights = None if correction.mode == "none" else \
-            importance_weights(old_logp, sampler_logp, response_mask, correction)[1]
+            importance_weights(action_logp(old_logp), sampler_logp, response_mask, correction)[1]
         if micro.pg_mask is not None:  # --top-entropy-quantile: the other tokens get no policy gradient
             keep = micro.pg_mask.to(device).float()
             is_weights = keep if is_weights is None else is_weights * keep
@@ -521,7 +557,8 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
                                         ref_logp=None if micro.ref_logp is None else micro.ref_logp.to(device),
                                         settings=settings, normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
-                                        run_tokens[index].to(device), is_weights=is_weights, entropy=entropy)
+                                        run_tokens[index].to(device), is_weights=is_weights, entropy=entropy,
+                                        candidates=scored_candidates(micro.rollout))
         if real and not torch.isfinite(loss):
             finite = False
             if not world.distributed:

@@ -325,4 +325,6 @@ def exploration_from_config(cfg, tokenizer) -> Exploration:
                        mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma, feed=cfg.mix_feed,
                        stop_mixing_id=stop_mixing_id, mixinputs_beta=cfg.mixinputs_beta,
                        gumbel_temperature=cfg.gumbel_temperature, cold_stop_steps=cfg.early_stopping_length_threshold,
-                       cold_stop_entropy=cfg.early_stopping_entropy_threshold, dirichlet_alpha=cfg.dirichlet_alpha)
+                       cold_stop_entropy=cfg.early_stopping_entropy_threshold, dirichlet_alpha=cfg.dirichlet_alpha,
+                       multiplex_width=cfg.multiplex_width, multiplex_weights=cfg.multiplex_weights,
+                       multiplex_replacement=cfg.multiplex_replacement)

@@ -11,10 +11,10 @@ returns the step's record and the next input (`Mixture`; the paper's mixing, ste
 
 `mixed_embeddings` is the one formula for e that the sampler feeds and training replays (replay.py). Each strategy
 is one function, registered in STRATEGIES: `none` (GRPO), `neighbor` (N-GRPO), `soft` (Soft Thinking, with Cold
-Stop), `soft-gumbel` (Randomized Soft Thinking), `mixinputs` (Mixture of Inputs), `gaussian` (STHT-style), and the
-release's others (`topk`, `topk-gumbel`, `gaussian_embed_noise`, `orthogonal_noise`). Per-row state a strategy
-keeps (Cold Stop's counter) is a declared field the engine holds in each slot, so the decode step (CUDA graph
-included) takes whatever vector it feeds.
+Stop), `soft-gumbel` (Randomized Soft Thinking), `mixinputs` (Mixture of Inputs), `multiplex` (Multiplex Thinking:
+K tokens drawn from p, merged), `gaussian` (STHT-style), and the release's others (`topk`, `topk-gumbel`,
+`gaussian_embed_noise`, `orthogonal_noise`). Per-row state a strategy keeps (Cold Stop's counter) is a declared
+field the engine holds in each slot, so the decode step (CUDA graph included) takes whatever vector it feeds.
 
 Every random draw is counter-based (engine/draws.py): a hash of (seed, stream, row key, position), so a row's
 sample does not depend on its batch, slot or rank.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from engine.draws import DIRICHLET, GUMBEL, NOISE, RowDraws, gamma_log_draws, normal_from_keys
+from engine.draws import DIRICHLET, GUMBEL, MULTIPLEX, NOISE, RowDraws, gamma_log_draws, normal_from_keys
 
 
 def mixed_embeddings(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor) -> torch.Tensor:
@@ -65,6 +65,9 @@ class Exploration:
     cold_stop_entropy: float = 0.0  # soft / soft-gumbel: Cold Stop's entropy threshold in nats (0 = off)
     cold_stop_steps: int = 256  # ... and the steps in a row under it that end thinking (force stop_mixing_id)
     dirichlet_alpha: float = 0.0  # soft / soft-gumbel: p -> a Dirichlet(alpha p) draw before the top-k (0 = off)
+    multiplex_width: int = 3  # multiplex: K, the tokens drawn from p at each thinking step
+    multiplex_weights: str = "uniform"  # multiplex: uniform = 1/K each; probs = p(token) renormalised over the K
+    multiplex_replacement: bool = True  # multiplex: the K draws with replacement (a token may come twice)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -88,6 +91,9 @@ class Exploration:
             raise ValueError("Cold Stop forces stop_mixing_id (</think>): it needs one, and soft or soft-gumbel")
         if self.dirichlet_alpha < 0 or (self.dirichlet_alpha > 0 and self.strategy not in COLD_STOP):
             raise ValueError("Dirichlet noise needs dirichlet_alpha >= 0 (0 = off), and soft or soft-gumbel")
+        if self.multiplex_width < 1 or self.multiplex_weights not in ("uniform", "probs"):
+            raise ValueError(f"multiplex needs multiplex_width >= 1 (not {self.multiplex_width}) and "
+                             f"multiplex_weights 'uniform' or 'probs' (not {self.multiplex_weights!r})")
 
     @property
     def num_candidates(self) -> int:
@@ -267,6 +273,38 @@ def explore_mixinputs(view: StepView) -> Mixture:
     return mix_where(view, cand_ids, cand_weights, view.eligible)
 
 
+def multiplex_draws(probs: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor,
+                    replacement: bool = True) -> torch.Tensor:
+    """[B, K] tokens from p [B, V]: `first` [B] (the step's action, already drawn from p), then one inverse-CDF draw
+    per uniform [B, K - 1] (float64 in (0, 1)); without replacement each draw renormalises p over the tokens not
+    yet drawn, as torch.multinomial(p, K, replacement=False) draws in turn."""
+    drawn, probs = [first], probs.double()
+    for k in range(uniforms.shape[1]):
+        if not replacement:  # the tokens drawn so far are out (a row that has drawn every token keeps its last)
+            left = probs.scatter(-1, torch.stack(drawn, -1), 0.0)
+            probs = torch.where(left.sum(-1, keepdim=True) > 0, left, probs)
+        cdf = probs.cumsum(-1)  # [B, V]
+        total = cdf[:, -1:]
+        target = torch.minimum(uniforms[:, k : k + 1] * total, total.nextafter(torch.zeros_like(total)))
+        drawn.append(torch.searchsorted(cdf, target, right=True)[:, 0])  # the first token whose cdf exceeds it
+    return torch.stack(drawn, -1)
+
+
+def explore_multiplex(view: StepView) -> Mixture:
+    """Multiplex Thinking (arXiv 2601.08808; its sglang sampler, layers/sampler.py): every thinking step draws K =
+    multiplex_width tokens from p (after temperature, top-k, top-p, min-p), the first being the step's action y and
+    the others from the row's MULTIPLEX stream, with replacement (or without), and feeds sum_k w_k E[i_k], w = 1/K
+    (uniform: its enable_unweighting, the released recipe) or p(i_k) renormalised over the K (probs). Answer
+    steps feed y. Training scores all K tokens of a thinking step (the joint log-probability; ngrpo.policy_loss)."""
+    x = view.exploration
+    extra = view.draws.uniform(MULTIPLEX, x.multiplex_width - 1) if x.multiplex_width > 1 else \
+        torch.zeros(view.token.shape[0], 0, dtype=torch.float64, device=view.token.device)
+    cand_ids = multiplex_draws(view.probs, view.token, extra, x.multiplex_replacement)  # [B, K]
+    weights = torch.ones(cand_ids.shape, device=cand_ids.device) if x.multiplex_weights == "uniform" else \
+        view.probs.gather(-1, cand_ids).float()
+    return mix_where(view, cand_ids, weights / weights.sum(-1, keepdim=True), view.eligible)
+
+
 def with_noise(mixture: Mixture, where: torch.Tensor, sigma: float, draws: RowDraws) -> Mixture:
     """The mixture with N(0, (sigma * rms)^2) added to the inputs of the rows `where` (rms of each row's
     input), the record unchanged: training replays the noise-free inputs."""
@@ -420,19 +458,23 @@ class Strategy:
     fields it records beyond RECORD (Mixture.extra holds them at each step, rollout.Rollout carries them). state:
     per-row fields the sampler keeps for it in each slot, reset to their pad when a row starts (view.state holds
     them; update them in place). feed(embed, steps) -> inputs: the input a step fed, from the step's record: what
-    training replays (replay.py)."""
+    training replays (replay.py). scores: the recorded tokens training scores, response_ids (the action y, [T]) or
+    cand_ids (every candidate, [T, K]: Multiplex Thinking's joint log-probability over the candidates of weight > 0).
+    """
 
     explore: Callable[[StepView], Mixture]
     candidates: Callable[[Exploration], int] = lambda x: x.top_k
     record: tuple[Field, ...] = ()
     state: tuple[Field, ...] = ()
     feed: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor] = mixture_inputs
+    scores: str = "response_ids"
 
 
 NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.float32, pad=0.0))  # std 0 = none
 COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
 
-NO_COIN, COLD_STOP = ("none", "soft", "soft-gumbel", "mixinputs"), ("soft", "soft-gumbel")  # no mixing coin; Cold Stop
+NO_COIN = ("none", "soft", "soft-gumbel", "mixinputs", "multiplex")  # no mixing coin
+COLD_STOP = ("soft", "soft-gumbel")
 
 # --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
 # own module), give Exploration the knobs it reads. The sampler, the engine and the replay do not change.
@@ -448,6 +490,7 @@ STRATEGIES: dict[str, Strategy] = {
                                  feed=noisy_mixture_inputs),
     "soft-gumbel": Strategy(explore_soft_gumbel, state=COLD_STOP_STATE),
     "mixinputs": Strategy(explore_mixinputs, candidates=lambda x: MIXINPUTS_CANDIDATES + 1),
+    "multiplex": Strategy(explore_multiplex, candidates=lambda x: x.multiplex_width, scores="cand_ids"),
 }
 
 

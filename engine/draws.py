@@ -23,7 +23,7 @@ import torch
 
 # Streams: one per kind of draw, so that the token, the mixing coin, the noise and the Gumbel perturbation of
 # a step are independent: a strategy's draws never move the sampled token.
-TOKEN, COIN, NOISE, GUMBEL, DIRICHLET = 1, 2, 3, 4, 5
+TOKEN, COIN, NOISE, GUMBEL, DIRICHLET, MULTIPLEX = 1, 2, 3, 4, 5, 6
 
 MASK64 = (1 << 64) - 1
 

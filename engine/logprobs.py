@@ -5,10 +5,12 @@
 computes log softmax(h W^T / tau)[label] and the entropy of softmax(h W^T / tau) at every position, as autograd
 would through F.linear -> log_softmax -> gather, but `chunk_tokens` positions at a time: the backward recomputes one
 chunk's logits at a time instead of storing any of them, so memory is O(chunk_tokens x V), never O(B x T x V).
+Labels [..., K] (K tokens per position, as Multiplex Thinking samples) give log p of each: logp [..., K].
 
-The gradient of the logits z of a chunk is g_logp (onehot(y) - p) from the log-probs, plus, when a loss uses the
-entropy H = -sum p log p, g_H (-p (log p + H)) (dH/dz_j = -p_j (log p_j + H)). A loss that does not use the
-entropy pays nothing for it: autograd then hands the backward no entropy gradient, and the term is not computed.
+The gradient of the logits z of a chunk is sum_k g_k (onehot(y_k) - p) from the log-probs (g (onehot(y) - p) for
+one label), plus, when a loss uses the entropy H = -sum p log p, g_H (-p (log p + H)) (dH/dz_j = -p_j (log p_j +
+H)). A loss that does not use the entropy pays nothing for it: autograd then hands the backward no entropy
+gradient, and the term is not computed.
 
 On a GPU the softmax statistics and the logits' gradient are one compiled kernel each (logprob_stats, logits_grad),
 and the forward keeps each row's log-sum-exp for the backward; on a CPU they are log_softmax as written.
@@ -23,38 +25,46 @@ from engine.kernels import compiled
 
 
 def _chunk_logprobs(hidden, weight, labels, temperature):
-    """(log p(label), entropy) of one chunk [c], and its log-softmax [c, V] (fp32)."""
+    """(log p(labels) [c, K], entropy [c]) of one chunk (labels [c, K]), and its log-softmax [c, V] (fp32)."""
     if temperature != 1.0:  # (h / tau) W^T = (h W^T) / tau, with d divisions per position instead of V
         hidden = hidden / temperature
     log_probs = F.linear(hidden, weight).float().log_softmax(-1)  # [c, V]: the only vocabulary-sized tensor
-    logp = log_probs.gather(-1, labels[:, None])[:, 0]
+    logp = log_probs.gather(-1, labels)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return logp, entropy, log_probs
 
 
 def logprob_stats(logits: torch.Tensor, labels: torch.Tensor):
-    """(log p(label), entropy, log-sum-exp) [c] each, fp32, from logits [c, V] in any float dtype: what
-    _chunk_logprobs computes, in the form one fused pass over the logits can (the entropy as lse - sum p z)."""
+    """(log p(labels) [c, K], entropy [c], log-sum-exp [c]), fp32, from logits [c, V] in any float dtype and labels
+    [c, K]: what _chunk_logprobs computes, in the form one fused pass over the logits can (H = lse - sum p z)."""
     z = logits.float()
     lse = torch.logsumexp(z, -1)
-    logp = z.gather(-1, labels[:, None])[:, 0] - lse
+    logp = z.gather(-1, labels) - lse[:, None]
     entropy = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)
     return logp, entropy, lse
 
 
+def _label_grad(logits: torch.Tensor, labels: torch.Tensor, grad_logp: torch.Tensor) -> torch.Tensor:
+    """sum_k g_k onehot(y_k) [c, V] fp32 for labels and d loss / d log p(labels), [c, K] each (a label drawn twice
+    counts twice)."""
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    return ((vocab[None, None] == labels[..., None]).float() * grad_logp[..., None]).sum(1)
+
+
 def logits_grad(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, grad_logp: torch.Tensor):
-    """d loss / d logits [c, V] (in the logits' dtype) given d loss / d log p(label) [c]: g (onehot - p)."""
-    onehot = torch.arange(logits.shape[-1], device=logits.device)[None] == labels[:, None]
-    return (grad_logp[:, None] * (onehot.float() - torch.exp(logits.float() - lse[:, None]))).to(logits.dtype)
+    """d loss / d logits [c, V] (in the logits' dtype) given d loss / d log p(labels) [c, K]: sum_k g_k (onehot_k -
+    p)."""
+    p = torch.exp(logits.float() - lse[:, None])
+    return (_label_grad(logits, labels, grad_logp) - grad_logp.sum(-1, keepdim=True) * p).to(logits.dtype)
 
 
 def logits_grad_with_entropy(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, grad_logp: torch.Tensor,
                              grad_entropy: torch.Tensor, entropy: torch.Tensor):
     """logits_grad plus the entropy's part, g_H (-p (log p + H)), given d loss / d entropy [c] and the entropy."""
-    onehot = torch.arange(logits.shape[-1], device=logits.device)[None] == labels[:, None]
     log_p = logits.float() - lse[:, None]
     p = torch.exp(log_p)
-    grad = grad_logp[:, None] * (onehot.float() - p) - grad_entropy[:, None] * p * (log_p + entropy[:, None])
+    grad = _label_grad(logits, labels, grad_logp) - grad_logp.sum(-1, keepdim=True) * p \
+        - grad_entropy[:, None] * p * (log_p + entropy[:, None])
     return grad.to(logits.dtype)
 
 
@@ -95,8 +105,9 @@ def _forward_chunk(fused, hidden, weight, labels, temperature):
 
 
 class ChunkedLogprobs(torch.autograd.Function):
-    """log p(label) and the entropy of softmax(h W^T / tau), `chunk_tokens` rows at a time, with a backward that
-    recomputes one chunk's logits at a time instead of storing any of them (the module docstring).
+    """log p(labels) [N, K] (labels [N, K]) and the entropy [N] of softmax(h W^T / tau), `chunk_tokens` rows at a
+    time, with a backward that recomputes one chunk's logits at a time instead of storing any of them (the module
+    docstring).
 
     It is what autograd computes through F.linear -> log_softmax -> gather (and the entropy), without autograd's
     bookkeeping: the weight is cast to the autocast dtype once per pass, not once per chunk."""
@@ -128,7 +139,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         if grad_logp is None and grad_entropy is None:
             return None, None, None, None, None
         if grad_logp is None:
-            grad_logp = torch.zeros_like(entropy)
+            grad_logp = torch.zeros_like(labels, dtype=entropy.dtype)
         tau = ctx.temperature
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else weight.dtype
         weight_cast = weight.to(dtype)  # what F.linear under autocast multiplies by, cast once
@@ -139,7 +150,7 @@ class ChunkedLogprobs(torch.autograd.Function):
             end = start + ctx.chunk_tokens
             h = hidden[start:end] / tau if tau != 1.0 else hidden[start:end]
             h = h.to(dtype)
-            g = grad_logp[start:end]  # [c]
+            g = grad_logp[start:end]  # [c, K]
             g_entropy = None if grad_entropy is None else grad_entropy[start:end]
             logits = F.linear(h, weight_cast)  # [c, V]
             if fused is not None and g_entropy is None:
@@ -157,20 +168,24 @@ class ChunkedLogprobs(torch.autograd.Function):
 
 
 def _logits_grad(logits, labels, g, g_entropy, entropy, dtype):
-    """The logits' gradient of one chunk by log_softmax (the CPU path): g (onehot - p), + g_H (-p (log p + H))."""
+    """The logits' gradient of one chunk by log_softmax (the CPU path; labels and g [c, K]): sum_k g_k (onehot_k -
+    p), + g_H (-p (log p + H))."""
     log_probs = logits.float().log_softmax(-1)
+    g_sum = g.sum(-1, keepdim=True)  # [c, 1]; for one label g itself, bit for bit
     if g_entropy is None:  # in place: the chunk's logits and this one [c, V] buffer at the backward's peak
-        return log_probs.exp_().mul_(-g[:, None]).scatter_add_(-1, labels[:, None], g[:, None]).to(dtype)
+        return log_probs.exp_().mul_(-g_sum).scatter_add_(-1, labels, g).to(dtype)
     probs = log_probs.exp()
-    grad = (-(probs * g[:, None])).scatter_add_(-1, labels[:, None], g[:, None])
+    grad = (-(probs * g_sum)).scatter_add_(-1, labels, g)
     return (grad - g_entropy[:, None] * probs * (log_probs + entropy[:, None])).to(dtype)
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
                    chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(label) and the full-vocabulary entropy at each position, from hidden states [..., d] and the output
-    matrix [V, d], at the sampling temperature: [...] each, both differentiable (ChunkedLogprobs)."""
-    shape = labels.shape
-    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
-    logp, entropy = ChunkedLogprobs.apply(hidden, weight, labels, temperature, chunk_tokens)
-    return logp.view(shape), entropy.view(shape)
+    matrix [V, d], at the sampling temperature: [...] each, both differentiable (ChunkedLogprobs). Labels [..., K]
+    (one more axis than the positions'): log p of each of the K labels, [..., K]; the entropy stays [...]."""
+    positions = hidden.shape[:-1]
+    per_position = 1 if labels.shape == positions else labels.shape[-1]
+    logp, entropy = ChunkedLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
+                                          labels.reshape(-1, per_position), temperature, chunk_tokens)
+    return logp.view(labels.shape), entropy.view(positions)

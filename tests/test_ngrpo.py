@@ -330,6 +330,34 @@ def test_token_logprobs_gradient_equals_the_unchunked_reference(chunk_tokens, lo
     assert torch.allclose(w_ours, w_ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 5, 1024])
+@pytest.mark.parametrize("uses", ["logp", "both"])
+def test_k_labels_per_position_give_each_log_prob_and_the_gradient_of_autograd(chunk_tokens, uses, logprob_path):
+    """Labels [..., K] (Multiplex Thinking's K sampled tokens per position, one drawn twice): log p of each [..., K]
+    and, for a loss over all K (and the entropy), the gradient of plain autograd through the full log_softmax."""
+    hidden, weight, _ = random_hidden_weight_labels(seed=6)
+    labels = torch.randint(0, weight.shape[0], (*hidden.shape[:-1], 3), generator=seeded(7))
+    labels[0, 0, 2] = labels[0, 0, 0]  # a token drawn twice counts twice
+    on_logp = torch.randn(labels.shape, generator=seeded(8))
+    on_entropy = torch.randn(labels.shape[:-1], generator=seeded(9)) if uses == "both" else None
+    results = []
+    for chunked in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            logp, entropy = logprobs.token_logprobs(h, w, labels, temperature=0.7, chunk_tokens=chunk_tokens)
+        else:
+            log_probs = (h @ w.T / 0.7).log_softmax(-1)  # [..., V]
+            logp, entropy = log_probs.gather(-1, labels), -(log_probs.exp() * log_probs).sum(-1)
+        loss = (logp * on_logp).sum() + ((entropy * on_entropy).sum() if on_entropy is not None else 0.0)
+        loss.backward()
+        results.append((logp.detach(), entropy.detach(), h.grad, w.grad))
+    ours, ref = results
+    assert ours[0].shape == labels.shape and ours[1].shape == labels.shape[:-1]
+    assert float(ref[2].abs().max()) > 1e-2  # a gradient to compare
+    for mine, theirs in zip(ours, ref):
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-5)
+
+
 # -------------------------------------------------------------------------- replay and the mini-batch
 
 

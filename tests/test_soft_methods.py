@@ -1,5 +1,6 @@
 """The soft-token methods beside N-GRPO (strategies.py): Mixture of Inputs (`mixinputs`), Randomized Soft Thinking's
-Gumbel-softmax soft tokens (`soft-gumbel`), and Soft Thinking's Dirichlet noise, min-p and Cold Stop. Each fed input is
+Gumbel-softmax soft tokens (`soft-gumbel`), Multiplex Thinking (`multiplex`: its draws, merge and joint loss), and
+Soft Thinking's Dirichlet noise, min-p and Cold Stop. Each fed input is
 checked against the paper's formula computed here by brute force (plain Python floats) on hand-set logits; Cold Stop on
 a scripted low-entropy stretch through the engine's slots and refill; and short tiny-model training runs, whose
 logged sampler-vs-replay log-prob gap must be at float rounding, and whose resumed run must equal an uninterrupted
@@ -16,10 +17,11 @@ import rollout
 import train
 from config import preset
 from engine import decoder as engine
-from engine.draws import DIRICHLET, GAMMA_TRIES, GUMBEL, RowDraws, gamma_log_draws
+from engine.draws import DIRICHLET, GAMMA_TRIES, GUMBEL, MULTIPLEX, RowDraws, gamma_log_draws
 from model import ModelConfig, load_model, random_model
+from ngrpo import LossSettings, policy_loss
 from rollout import Sampling, filtered_logits, generate
-from strategies import STRATEGIES, Exploration, StepView, mixture_inputs
+from strategies import STRATEGIES, Exploration, StepView, mixture_inputs, multiplex_draws
 
 V, D = 30, 6
 EMBED = torch.randn(V, D, generator=torch.Generator().manual_seed(0))
@@ -187,6 +189,101 @@ def test_gamma_draws_have_the_gamma_mean_and_variance(a):
 # ----------------------------------------------------------------------------- Soft Thinking's min-p
 
 
+# ----------------------------------------------------------------------------- Multiplex Thinking
+
+
+def inverse_cdf(p: list[float], u: float) -> int:
+    """The first token whose cumulative probability exceeds u * sum p (plain floats)."""
+    total, running = sum(p), 0.0
+    for token, mass in enumerate(p):
+        running += mass
+        if running > u * total:
+            return token
+    return max(t for t, mass in enumerate(p) if mass > 0)
+
+
+@pytest.mark.parametrize("weights", ["uniform", "probs"])
+@pytest.mark.parametrize("replacement", [True, False])
+@pytest.mark.parametrize("tau, top_k", [(1.0, 0), (0.7, 5)])
+def test_multiplex_feeds_the_merge_of_k_tokens_drawn_from_p(weights, replacement, tau, top_k):
+    """Multiplex Thinking (arXiv 2601.08808, its sglang sampler): the step's action y, then K - 1 inverse-CDF draws
+    from p (top-k applied) at the row's MULTIPLEX uniforms, each from p without the tokens drawn so far when without
+    replacement; fed as the plain average of their embeddings (uniform) or weighted by p renormalised over the K."""
+    K, token = 4, [3, 7, 11]
+    x = Exploration("multiplex", multiplex_width=K, multiplex_weights=weights, multiplex_replacement=replacement)
+    view = step_view(x, token, tau=tau, top_k=top_k, seed=5, keys=[2, 9, 4], positions=[0, 3, 8])
+    view = replace(view, token=view.probs.argmax(-1))  # y: a token top-k keeps
+    mixture = STRATEGIES["multiplex"].explore(view)
+    uniforms = view.draws.uniform(MULTIPLEX, K - 1)
+    for row in range(LOGITS.shape[0]):
+        p = [float(v) for v in view.probs[row].double()]
+        drawn = [int(view.token[row])]
+        for k in range(K - 1):
+            left = p if replacement else [0.0 if t in drawn else mass for t, mass in enumerate(p)]
+            drawn.append(inverse_cdf(left, float(uniforms[row, k])))
+        w = [1.0] * K if weights == "uniform" else [p[t] for t in drawn]
+        w = [v / sum(w) for v in w]
+        assert mixture.cand_ids[row].tolist() == drawn
+        assert replacement or len(set(drawn)) == K
+        assert all(p[t] > 0 for t in drawn)  # top-k's removed tokens are never drawn
+        assert mixture.cand_weights[row].tolist() == pytest.approx(w, abs=1e-6)
+        assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum(w, drawn), abs=1e-5)
+
+
+def test_multiplex_draws_are_distributed_as_p():
+    """Over 20,000 rows (their own keys) the extra draws of one step follow p: each token's frequency within 5
+    standard errors of its probability."""
+    rows, K = 20_000, 3
+    z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    p = z.softmax(-1)
+    probs = p.expand(rows, -1)
+    draws = RowDraws(11, torch.arange(rows), torch.zeros(rows, dtype=torch.long)).uniform(MULTIPLEX, K - 1)
+    drawn = multiplex_draws(probs, torch.zeros(rows, dtype=torch.long), draws)[:, 1:].reshape(-1)
+    frequency = torch.bincount(drawn, minlength=len(z)).double() / drawn.numel()
+    error = (p.double() * (1 - p.double()) / drawn.numel()).sqrt()
+    assert ((frequency - p.double()).abs() <= 5 * error + 1e-12).all(), (frequency, p)
+
+
+def released_multiplex_loss(logp, old_logp, advantages, mask, weights, clip=0.2, clip_c=3.0) -> torch.Tensor:
+    """verl's compute_multiplex_thinking_policy_loss (Multiplex Thinking's release, core_algos.py) as written there,
+    loop by loop: a step whose weights are [1, 0, ...] is an answer token (only its first candidate counts), every
+    candidate of the others counts; per candidate the dual-clipped PPO loss; summed over the candidates; token-mean."""
+    total, tokens = 0.0, 0
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if not mask[b, t]:
+                continue
+            tokens += 1
+            answer = float(weights[b, t, 0]) == 1.0 and float(weights[b, t, 1:].sum()) == 0.0
+            for k in range(logp.shape[2]):
+                if answer and not float(weights[b, t, k]) > 1e-20:
+                    continue
+                ratio = torch.exp((logp[b, t, k] - old_logp[b, t, k]).clamp(-20.0, 20.0))
+                a = advantages[b]
+                loss1 = torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip, 1 + clip))
+                total = total + (torch.minimum(-a * clip_c, loss1) if a < 0 else loss1)
+    return total / tokens
+
+
+def test_the_joint_loss_and_its_gradient_equal_the_released_multiplex_loss():
+    g = torch.Generator().manual_seed(12)
+    B, T, K = 4, 5, 3
+    logp = (torch.randn(B, T, K, generator=g) * 0.3 - 2.0).requires_grad_()
+    old_logp = logp.detach() + torch.randn(B, T, K, generator=g) * 0.3  # ratios from ~0.4 to ~2.5: clips on
+    advantages = torch.tensor([1.5, -0.7, -2.0, 0.4])
+    mask = torch.rand(B, T, generator=g) > 0.2
+    weights = torch.full((B, T, K), 1.0 / K)
+    answer = torch.rand(B, T, generator=g) > 0.6
+    weights[answer] = torch.tensor([1.0, 0.0, 0.0])
+    settings = LossSettings(kl_coef=0.0, dual_clip=3.0)
+    ours, _ = policy_loss(logp, old_logp, advantages, mask, settings=settings, candidates=weights > 0)
+    (grad_ours,) = torch.autograd.grad(ours, logp)
+    theirs = released_multiplex_loss(logp, old_logp, advantages, mask, weights)
+    (grad_theirs,) = torch.autograd.grad(theirs, logp)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    assert torch.allclose(grad_ours, grad_theirs, atol=1e-7) and float(grad_ours.abs().max()) > 1e-3
+
+
 def test_min_p_keeps_the_tokens_within_min_p_of_the_top_token_after_top_k():
     z = LOGITS[0].tolist()
     for min_p, top_k in ((0.1, 0), (0.3, 6), (0.02, 12)):
@@ -291,9 +388,11 @@ def read_metrics(run_dir) -> list[dict]:
 @pytest.mark.parametrize("flags", [dict(explore="mixinputs"), dict(explore="soft-gumbel"),
                                    dict(explore="soft", **COLD_STOP), dict(explore="soft-gumbel", **COLD_STOP),
                                    dict(explore="soft", dirichlet_alpha=1.0),
-                                   dict(explore="soft-gumbel", dirichlet_alpha=5.0, **COLD_STOP)],
+                                   dict(explore="soft-gumbel", dirichlet_alpha=5.0, **COLD_STOP),
+                                   dict(explore="multiplex"),
+                                   dict(explore="multiplex", multiplex_weights="probs", multiplex_replacement=False)],
                          ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
-                              "soft-gumbel-dirichlet-cold-stop"])
+                              "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
