@@ -581,6 +581,16 @@ PRESETS: dict[str, dict] = {
     # add --explore none for NGRPO alone.
     "negative-grpo": dict(_ROWS_1P5B, model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
                           filter_groups="all_correct", kl_coef=0.0),
+    # Multiplex Thinking's 7B recipe (github.com/MaxLEAF3824/Multiplex-Thinking): the README's training command for
+    # DeepSeek-R1-Distill-Qwen-7B (README.md l. 83-96: --enable_unweighting True, 300 steps, --train_batch_size 128,
+    # --multiplex_width 3, --max_response_length 4096, --val_rollout_n 4 --val_dataset math), the rest as
+    # scripts/train.sh sets it: lr 1e-6 (l. 364), one optimizer step per batch (ppo_mini_batch_size = the batch,
+    # l. 367), no KL (l. 371-372), temperature 1.0 and top-p 1.0 (l. 195, 191), replacement (l. 239), no entropy
+    # bonus (l. 416), n = 8 (l. 418), prompts up to 1,024 tokens (l. 358).
+    "multiplex-7b": dict(**_ROWS_7B, model=_7B, explore="multiplex", multiplex_width=3, multiplex_weights="uniform",
+                         multiplex_replacement=True, max_steps=300, prompts_per_step=128, mini_batch_prompts=128,
+                         group_size=8, max_new_tokens=4096, max_prompt_tokens=1024, lr=1e-6, kl_coef=0.0,
+                         temperature=1.0, top_p=1.0, entropy_coef=0.0, val_data="math500", val_n=4),
     # The random tiny model on built-in arithmetic: every code path, offline, in seconds on a CPU.
     "tiny": dict(_SMALL, out_dir="runs/tiny", max_steps=4),
     # The offline demo: the random tiny model is taught the answer format on worked solutions until it answers 60%

@@ -400,8 +400,10 @@ def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     assert metrics["logp_gap_max"] <= 1e-5, metrics["logp_gap_max"]
 
 
-def test_a_resumed_soft_gumbel_cold_stop_run_equals_an_uninterrupted_one(tmp_path, one_thread):
-    flags = dict(explore="soft-gumbel", save_every=2, **COLD_STOP)
+@pytest.mark.parametrize("flags", [dict(explore="soft-gumbel", **COLD_STOP), dict(explore="multiplex")],
+                         ids=["soft-gumbel-cold-stop", "multiplex"])
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, one_thread, flags):
+    flags = dict(save_every=2, **flags)
     train.run(tiny_run(tmp_path, "straight", max_steps=4, **flags))
     cut = tiny_run(tmp_path, "cut", max_steps=2, **flags)
     train.run(cut)
