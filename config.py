@@ -63,9 +63,10 @@ class Config:
                           "noise scaled by the other top tokens; soft-gumbel = Randomized Soft Thinking's "
                           "Gumbel-softmax soft tokens (arXiv 2508.03440); mixinputs = Mixture of Inputs (2505.14827); "
                           "multiplex = Multiplex Thinking's K sampled tokens merged, trained by their joint "
-                          "log-probability (2601.08808)",
+                          "log-probability (2601.08808); soft-grpo = SofT-GRPO's Gumbel-softmax soft tokens, trained "
+                          "by the Gumbel-reparameterised log-probability (2511.06411)",
                           ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel", "gaussian_embed_noise",
-                           "orthogonal_noise", "soft-gumbel", "mixinputs", "multiplex"))
+                           "orthogonal_noise", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo"))
     mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
                              "(per sequence, per step)")
     mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
@@ -96,7 +97,8 @@ class Config:
                                 "input's RMS")
     mixinputs_beta: float = option(1.0, "mixinputs: the sampled token's concentration beta, posterior (prior + "
                                    "beta onehot(y)) / (1 + beta) (MIXINPUTS_BETA; <= -99: direct mixture)")
-    gumbel_temperature: float = option(0.5, "soft-gumbel: the Gumbel-softmax temperature (Randomized Soft "
+    gumbel_temperature: float = option(0.5, "soft-gumbel / soft-grpo: the Gumbel-softmax temperature (SofT-GRPO's "
+                                       "gumbel_softmax_temperature is 0.1; Randomized Soft "
                                        "Thinking's --gumbel_temperature in its math scripts)")
     early_stopping_entropy_threshold: float = option(0.0, "soft / soft-gumbel: Soft Thinking's Cold Stop: force "
                                                      "--stop-mixing-token once the entropy (nats) stays under this "
@@ -465,10 +467,11 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0 and c.min_p == 0), "rollout "
          "needs --top-p 1, --top-k 0 and --min-p 0: with filtering the sampler's log-probs are of the filtered "
          "distribution and the replayed ones are not"),
-        *[("explore", c.explore != "multiplex" or ok, f"multiplex (a loss over each step's K tokens) needs {needs}")
-          for ok, needs in ((c.loss == "grpo", "--loss grpo: GSPO's sequence ratio has no per-token candidates"),
-                            (c.old_logp == "replay", "--old-logp replay: the sampler records log p of one token"),
-                            (not c.kl_in_reward, "the KL in the loss, not --kl-in-reward"))],
+        *[("explore", c.explore not in names or ok, f"{c.explore} (its loss scores each step's candidates) needs "
+           f"{needs}") for names, ok, needs in (
+            (("multiplex",), c.loss == "grpo", "--loss grpo: GSPO's sequence ratio has no per-token candidates"),
+            (("multiplex", "soft-grpo"), c.old_logp == "replay", "--old-logp replay: the sampler records log p(y)"),
+            (("multiplex", "soft-grpo"), not c.kl_in_reward, "the KL in the loss, not --kl-in-reward"))],
         ("rollout_is", c.rollout_is == "none" or c.old_logp == "replay", "needs --old-logp replay: with "
          "rollout the old policy's log-probs are the sampler's own, so every weight would be 1"),
         ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy sampler's "
@@ -520,7 +523,7 @@ IDLE_WITHOUT = {
     "mixinputs_beta": (lambda c: c.explore == "mixinputs", "--explore mixinputs"),
     **dict.fromkeys(("multiplex_width", "multiplex_weights", "multiplex_replacement"),
                     (lambda c: c.explore == "multiplex", "--explore multiplex")),
-    "gumbel_temperature": (lambda c: c.explore == "soft-gumbel", "--explore soft-gumbel"),
+    "gumbel_temperature": (lambda c: c.explore in ("soft-gumbel", "soft-grpo"), "--explore soft-gumbel or soft-grpo"),
     **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold", "dirichlet_alpha"),
                     (lambda c: c.explore in COLD_STOP, "--explore soft or soft-gumbel")),
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
@@ -581,6 +584,17 @@ PRESETS: dict[str, dict] = {
     # add --explore none for NGRPO alone.
     "negative-grpo": dict(_ROWS_1P5B, model=_1P5B, adv_estimator="negative", clip_low=0.16, clip_high=0.24,
                           filter_groups="all_correct", kl_coef=0.0),
+    # SofT-GRPO's recipes (github.com/zz1358m/SofT-GRPO-master, SofT-GRPO-deepscaler-8k.sh for the 1.5B and
+    # SofT-GRPO-deepscaler-8k-qwen7.sh for the 7B, which differ in the model alone here): 64 prompts x 8 (l. 6, 46),
+    # mini-batches of 32 (l. 14), lr 1e-6 (l. 12), low-var KL 0.001 in the loss (l. 16-19), no entropy bonus
+    # (l. 20), temperature 1, top-p 0.95, top-k 5 (l. 29-31; the soft top-k is the rollout's top_k,
+    # sglang_rollout.py l. 394), Gumbel-softmax temperature 0.1 (l. 35), prompts up to 1,024 and responses up to
+    # 8,192 tokens (l. 8-9), one epoch (l. 62).
+    **{name: dict(model=model, explore="soft-grpo", soft_top_k=5, top_k=5, top_p=0.95, temperature=1.0,
+                  gumbel_temperature=0.1, prompts_per_step=64, group_size=8, mini_batch_prompts=32, lr=1e-6,
+                  kl_coef=0.001, kl_estimator="low-var", entropy_coef=0.0, max_prompt_tokens=1024,
+                  max_new_tokens=8192, **rows)
+       for name, model, rows in (("soft-grpo-1.5b", _1P5B, _ROWS_1P5B), ("soft-grpo-7b", _7B, _ROWS_7B))},
     # Multiplex Thinking's 7B recipe (github.com/MaxLEAF3824/Multiplex-Thinking): the README's training command for
     # DeepSeek-R1-Distill-Qwen-7B (README.md l. 83-96: --enable_unweighting True, 300 steps, --train_batch_size 128,
     # --multiplex_width 3, --max_response_length 4096, --val_rollout_n 4 --val_dataset math), the rest as

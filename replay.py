@@ -2,7 +2,8 @@
 
     logp_t = log_softmax(h_t W^T / tau)[y_t],   H_t = entropy(softmax(h_t W^T / tau)),   h = model(fed inputs)
 
-(Multiplex Thinking scores each of the K tokens a step drew: logp_{t,k} = log_softmax(h_t W^T / tau)[i_{t,k}].)
+(Multiplex Thinking and SofT-GRPO also score each candidate c_{t,k} a step recorded: log_softmax(h_t W^T /
+tau)[c_{t,k}].)
 
 Every response position is fed what the sampler fed: the strategy's `feed` rebuilds it from the step's record
 (strategies.Strategy; by default the recorded mixture sum_k w_k E[id_k], strategies.mixed_embeddings, the one
@@ -60,11 +61,13 @@ def sequence_logprobs(model, rollout: Rollout, *, temperature: float = 1.0,
                       chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Replays rollout rows through `model` and returns (log p of each response token, entropy), [B, T] each, both
     with their gradients; positions past a row's length hold values that the response mask ignores. A strategy
-    that scores its candidates (Strategy.scores: Multiplex Thinking) gets log p of each, [B, T, K]."""
+    that scores its candidates (Strategy.scores: Multiplex Thinking, SofT-GRPO) gets [B, T, 1 + K]: log p(y), then
+    log p of each candidate."""
     inputs, pred_pos = replay_inputs(model.embed_tokens.weight, rollout)
     hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
     hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
-    scored = STRATEGIES[rollout.strategy].scores
-    labels = rollout.response_ids if scored == "response_ids" else rollout.steps[scored]
+    labels = rollout.response_ids
+    if STRATEGIES[rollout.strategy].scores == "cand_ids":  # [B, T, 1 + K]: the action, then every candidate
+        labels = torch.cat([labels[..., None], rollout.steps["cand_ids"]], -1)
     return token_logprobs(hidden, model.output_weight, labels.to(hidden.device), temperature=temperature,
                           chunk_tokens=chunk_tokens)

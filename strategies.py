@@ -12,9 +12,10 @@ returns the step's record and the next input (`Mixture`; the paper's mixing, ste
 `mixed_embeddings` is the one formula for e that the sampler feeds and training replays (replay.py). Each strategy
 is one function, registered in STRATEGIES: `none` (GRPO), `neighbor` (N-GRPO), `soft` (Soft Thinking, with Cold
 Stop), `soft-gumbel` (Randomized Soft Thinking), `mixinputs` (Mixture of Inputs), `multiplex` (Multiplex Thinking:
-K tokens drawn from p, merged), `gaussian` (STHT-style), and the release's others (`topk`, `topk-gumbel`,
-`gaussian_embed_noise`, `orthogonal_noise`). Per-row state a strategy keeps (Cold Stop's counter) is a declared
-field the engine holds in each slot, so the decode step (CUDA graph included) takes whatever vector it feeds.
+K tokens drawn from p, merged), `soft-grpo` (SofT-GRPO), `gaussian` (STHT-style), and the release's others (`topk`,
+`topk-gumbel`, `gaussian_embed_noise`, `orthogonal_noise`). Per-row state a strategy keeps (Cold Stop's counter) is a
+declared field the engine holds in each slot, so the decode step (CUDA graph included) takes whatever vector it
+feeds.
 
 Every random draw is counter-based (engine/draws.py): a hash of (seed, stream, row key, position), so a row's
 sample does not depend on its batch, slot or rank.
@@ -305,6 +306,33 @@ def explore_multiplex(view: StepView) -> Mixture:
     return mix_where(view, cand_ids, weights / weights.sum(-1, keepdim=True), view.eligible)
 
 
+def explore_soft_grpo(view: StepView) -> Mixture:
+    """SofT-GRPO (arXiv 2511.06411; its sglang layers/sampler.py, add_noise_gumbel_softmax): every thinking step
+    takes the top-k tokens of p, q = p renormalised over them, the perturbed logits g' = log(q + 1e-6) + g with g a
+    Gumbel draw clamped to [-1.5, 3] (the row's GUMBEL stream), and feeds sum_k softmax(g' / tau_g)_k E[c_k]. The
+    record keeps g' (`gumbel_logits`): training scores the step by g's Gumbel log-density under the policy being
+    trained (soft_grpo_logprob)."""
+    x = view.exploration
+    cand_ids, q = soft_candidates(view.probs, x.top_k)  # [B, K] each
+    gumbel = (-(-view.draws.uniform(GUMBEL, x.top_k).log()).log()).float().clamp(-1.5, 3.0)
+    perturbed = (q + 1e-6).log() + gumbel  # [B, K]
+    mixture = mix_where(view, cand_ids, (perturbed / x.gumbel_temperature).softmax(-1), view.eligible)
+    return replace(mixture, extra={"gumbel_logits": torch.where(view.eligible[:, None], perturbed, 0.0)})
+
+
+def soft_grpo_logprob(logp: torch.Tensor, action_logp: torch.Tensor, steps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B, T] what SofT-GRPO's loss takes as a step's log-probability, from log p of its K candidates [B, T, K] and of
+    its action [B, T] (its verl utils/torch_functional.py, logprobs_from_logits_topk_gumbel): at a thinking step,
+    with log q_k = log(p_k / sum_j p_j + 1e-6) under the policy being scored and the recorded g', the Gumbel noise
+    that policy would have needed, e_k = clamp(g'_k - log q_k, -1.5, 3), scored by the Gumbel log-density -e_k -
+    exp(-e_k), averaged over the candidates with log q_k > -3; at an answer step log p(y)."""
+    log_q = (logp - logp.logsumexp(-1, keepdim=True)).exp().add(1e-6).log()
+    noise = (steps["gumbel_logits"] - log_q).clamp(-1.5, 3.0)
+    kept = (log_q > -3).float()
+    reparameterised = ((-noise - (-noise).exp()) * kept).sum(-1) / kept.sum(-1).clamp_min(1.0)
+    return torch.where(steps["mixed"], reparameterised, action_logp)
+
+
 def with_noise(mixture: Mixture, where: torch.Tensor, sigma: float, draws: RowDraws) -> Mixture:
     """The mixture with N(0, (sigma * rms)^2) added to the inputs of the rows `where` (rms of each row's
     input), the record unchanged: training replays the noise-free inputs."""
@@ -459,7 +487,9 @@ class Strategy:
     per-row fields the sampler keeps for it in each slot, reset to their pad when a row starts (view.state holds
     them; update them in place). feed(embed, steps) -> inputs: the input a step fed, from the step's record: what
     training replays (replay.py). scores: the recorded tokens training scores, response_ids (the action y, [T]) or
-    cand_ids (every candidate, [T, K]: Multiplex Thinking's joint log-probability over the candidates of weight > 0).
+    cand_ids (every candidate too, [T, K]); with cand_ids, log_prob(candidates' logp [B, T, K], the action's
+    [B, T], steps) -> [B, T] is what the loss takes as each step's log-probability (SofT-GRPO's reparameterised
+    one), or, None, the loss sums a ratio per candidate of weight > 0 (Multiplex Thinking's joint log-probability).
     """
 
     explore: Callable[[StepView], Mixture]
@@ -468,12 +498,13 @@ class Strategy:
     state: tuple[Field, ...] = ()
     feed: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor] = mixture_inputs
     scores: str = "response_ids"
+    log_prob: Callable[[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor] | None = None
 
 
 NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.float32, pad=0.0))  # std 0 = none
 COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
 
-NO_COIN = ("none", "soft", "soft-gumbel", "mixinputs", "multiplex")  # no mixing coin
+NO_COIN = ("none", "soft", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo")  # no mixing coin
 COLD_STOP = ("soft", "soft-gumbel")
 
 # --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
@@ -491,6 +522,9 @@ STRATEGIES: dict[str, Strategy] = {
     "soft-gumbel": Strategy(explore_soft_gumbel, state=COLD_STOP_STATE),
     "mixinputs": Strategy(explore_mixinputs, candidates=lambda x: MIXINPUTS_CANDIDATES + 1),
     "multiplex": Strategy(explore_multiplex, candidates=lambda x: x.multiplex_width, scores="cand_ids"),
+    "soft-grpo": Strategy(explore_soft_grpo, record=(Field("gumbel_logits", torch.float32, pad=0.0,
+                                                           per_candidate=True),),
+                          scores="cand_ids", log_prob=soft_grpo_logprob),
 }
 
 

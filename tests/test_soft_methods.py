@@ -1,6 +1,7 @@
 """The soft-token methods beside N-GRPO (strategies.py): Mixture of Inputs (`mixinputs`), Randomized Soft Thinking's
-Gumbel-softmax soft tokens (`soft-gumbel`), Multiplex Thinking (`multiplex`: its draws, merge and joint loss), and
-Soft Thinking's Dirichlet noise, min-p and Cold Stop. Each fed input is
+Gumbel-softmax soft tokens (`soft-gumbel`), Multiplex Thinking (`multiplex`: its draws, merge and joint loss),
+SofT-GRPO (`soft-grpo`: its rollouts and reparameterised log-probability), and Soft Thinking's Dirichlet noise, min-p
+and Cold Stop. Each fed input is
 checked against the paper's formula computed here by brute force (plain Python floats) on hand-set logits; Cold Stop on
 a scripted low-entropy stretch through the engine's slots and refill; and short tiny-model training runs, whose
 logged sampler-vs-replay log-prob gap must be at float rounding, and whose resumed run must equal an uninterrupted
@@ -18,10 +19,11 @@ import train
 from config import preset
 from engine import decoder as engine
 from engine.draws import DIRICHLET, GAMMA_TRIES, GUMBEL, MULTIPLEX, RowDraws, gamma_log_draws
+from engine.logprobs import token_logprobs
 from model import ModelConfig, load_model, random_model
 from ngrpo import LossSettings, policy_loss
 from rollout import Sampling, filtered_logits, generate
-from strategies import STRATEGIES, Exploration, StepView, mixture_inputs, multiplex_draws
+from strategies import STRATEGIES, Exploration, StepView, mixture_inputs, multiplex_draws, soft_grpo_logprob
 
 V, D = 30, 6
 EMBED = torch.randn(V, D, generator=torch.Generator().manual_seed(0))
@@ -284,6 +286,72 @@ def test_the_joint_loss_and_its_gradient_equal_the_released_multiplex_loss():
     assert torch.allclose(grad_ours, grad_theirs, atol=1e-7) and float(grad_ours.abs().max()) > 1e-3
 
 
+# ----------------------------------------------------------------------------- SofT-GRPO
+
+
+@pytest.mark.parametrize("tau_g", [0.1, 1.0])
+def test_soft_grpo_feeds_the_gumbel_softmax_of_clamped_gumbels_and_records_the_perturbed_logits(tau_g):
+    """SofT-GRPO (arXiv 2511.06411, its sglang sampler's add_noise_gumbel_softmax): q = p renormalised over its top k,
+    g' = log(q + 1e-6) + clamp(-log(-log u), -1.5, 3) at the row's GUMBEL uniforms, fed sum softmax(g' / tau_g) E."""
+    x = Exploration("soft-grpo", top_k=5, gumbel_temperature=tau_g)
+    view = step_view(x, [0, 1, 2], tau=0.8, seed=3, keys=[4, 5, 6], positions=[2, 0, 9])
+    mixture = STRATEGIES["soft-grpo"].explore(view)
+    uniforms = view.draws.uniform(GUMBEL, 5)
+    for row in range(LOGITS.shape[0]):
+        p = softmax([float(z) / 0.8 for z in LOGITS[row]])
+        top = ranked(p)[:5]
+        q = [p[c] / sum(p[c] for c in top) for c in top]
+        perturbed = [math.log(v + 1e-6) + min(3.0, max(-1.5, -math.log(-math.log(float(u)))))
+                     for v, u in zip(q, uniforms[row])]
+        w = softmax([g / tau_g for g in perturbed])
+        assert mixture.cand_ids[row].tolist() == top
+        assert mixture.extra["gumbel_logits"][row].tolist() == pytest.approx(perturbed, abs=1e-5)
+        assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum(w, top), abs=1e-5)
+
+
+def released_soft_grpo_logprob(logits, ids, gumbels, labels, thinking):
+    """verl's logprobs_from_logits_topk_gumbel (SofT-GRPO's release, utils/torch_functional.py) as written there, from
+    full logits [N, V]: the Gumbel log-density of the noise each recorded perturbed logit implies, averaged over the
+    top tokens with log q > -3, at a thinking step (theirs tells an answer step by ids [y, 0, 0, ...]); else
+    log p(y)."""
+    topk = torch.softmax(logits, dim=-1).gather(-1, ids)
+    topk = (topk / topk.sum(-1, keepdim=True) + 1e-6).log()
+    noise = (gumbels - topk).clamp(-1.5, 3)
+    density = -noise - (-noise).exp()
+    kept = (topk > -3).float()
+    thinking_value = (density * kept).sum(-1) / kept.sum(-1)
+    answer_value = logits.log_softmax(-1).gather(-1, labels[:, None])[:, 0]
+    return torch.where(thinking, thinking_value, answer_value)
+
+
+@pytest.mark.parametrize("chunk_tokens", [3, 1024])
+def test_soft_grpo_logprob_and_its_gradient_equal_the_released_function(chunk_tokens):
+    """Ours goes through the chunked replay (log p of the action and of each candidate, engine.logprobs) and
+    soft_grpo_logprob; theirs through full logits: equal values, and equal gradients for a loss over them."""
+    g = torch.Generator().manual_seed(21)
+    N, d, vocab, K = 10, 8, 40, 5
+    hidden, weight = torch.randn(N, d, generator=g), torch.randn(vocab, d, generator=g) * 0.6
+    ids = torch.stack([torch.randperm(vocab, generator=g)[:K] for _ in range(N)])  # [N, K] distinct
+    labels = torch.randint(0, vocab, (N,), generator=g)
+    gumbels = torch.randn(N, K, generator=g) - 1.0  # recorded perturbed logits
+    thinking = torch.rand(N, generator=g) > 0.3
+    upstream = torch.randn(N, generator=g)
+    results = []
+    for ours in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if ours:
+            logp, _ = token_logprobs(h, w, torch.cat([labels[:, None], ids], -1), temperature=0.9,
+                                     chunk_tokens=chunk_tokens)
+            value = soft_grpo_logprob(logp[:, 1:], logp[:, 0], {"gumbel_logits": gumbels, "mixed": thinking})
+        else:
+            value = released_soft_grpo_logprob(h @ w.T / 0.9, ids, gumbels, labels, thinking)
+        (value * upstream).sum().backward()
+        results.append((value.detach(), h.grad, w.grad))
+    for mine, theirs in zip(*results):
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-5)
+    assert float(results[1][1].abs().max()) > 1e-3  # a gradient to compare
+
+
 def test_min_p_keeps_the_tokens_within_min_p_of_the_top_token_after_top_k():
     z = LOGITS[0].tolist()
     for min_p, top_k in ((0.1, 0), (0.3, 6), (0.02, 12)):
@@ -390,9 +458,10 @@ def read_metrics(run_dir) -> list[dict]:
                                    dict(explore="soft", dirichlet_alpha=1.0),
                                    dict(explore="soft-gumbel", dirichlet_alpha=5.0, **COLD_STOP),
                                    dict(explore="multiplex"),
-                                   dict(explore="multiplex", multiplex_weights="probs", multiplex_replacement=False)],
+                                   dict(explore="multiplex", multiplex_weights="probs", multiplex_replacement=False),
+                                   dict(explore="soft-grpo", kl_coef=0.01)],
                          ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
-                              "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct"])
+                              "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct", "soft-grpo"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
