@@ -469,8 +469,8 @@ def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     assert metrics["logp_gap_max"] <= 1e-5, metrics["logp_gap_max"]
 
 
-@pytest.mark.parametrize("flags", [dict(explore="soft-gumbel", **COLD_STOP), dict(explore="multiplex")],
-                         ids=["soft-gumbel-cold-stop", "multiplex"])
+@pytest.mark.parametrize("flags", [dict(explore="soft-gumbel", **COLD_STOP), dict(explore="multiplex"),
+                                   dict(explore="soft-grpo")], ids=["soft-gumbel-cold-stop", "multiplex", "soft-grpo"])
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, one_thread, flags):
     flags = dict(save_every=2, **flags)
     train.run(tiny_run(tmp_path, "straight", max_steps=4, **flags))
