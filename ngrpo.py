@@ -457,9 +457,10 @@ def replay_logprobs(model, rollout, cfg, world: World = World(), *, entropy: boo
     for index, real in bar:
         micro = rollout.select(index).trimmed()  # up to its longest response only
         logp, entropies = replay(model, micro, cfg)
-        # [b, T or less, K (+ 1)]: log p of the scored token(s) (K = 1 but for Multiplex Thinking), then the entropy
+        # [b, T or less, S (+ 1)]: log p of the scored tokens (S = 1, the action; 1 + K where the candidates are
+        # scored too), then the entropy
         values = torch.cat([logp.view(*entropies.shape, -1)] + [entropies[..., None]] * entropy, -1).float()
-        values = F.pad(values, (0, 0, 0, width - values.shape[1]))  # [b, T, K (+ 1)]
+        values = F.pad(values, (0, 0, 0, width - values.shape[1]))  # [b, T, S (+ 1)]
         rows += list(zip(index, values.cpu() if world.distributed else values)) if real else []  # stand-ins dropped
     values = torch.stack(distributed.gather_indexed(rows, num_rows, world)).to(distributed.device_of(model))
     logp = values[..., : values.shape[-1] - entropy]
@@ -468,7 +469,8 @@ def replay_logprobs(model, rollout, cfg, world: World = World(), *, entropy: boo
 
 
 def scores_candidates(rollout) -> bool:
-    """Whether training scores every candidate of the rollout's strategy (Multiplex Thinking): log-probs [N, T, K]."""
+    """Whether training scores every candidate of the rollout's strategy too (Multiplex Thinking, SofT-GRPO): the
+    replay's log-probs are then [N, T, 1 + K], the action's and each candidate's."""
     return STRATEGIES[rollout.strategy].scores == "cand_ids"
 
 

@@ -201,6 +201,7 @@ _live_pools = weakref.WeakSet()
 # worker costs ~1 s of CPU to start (Python, sympy, a warm-up check), and a program that evaluates or trains more
 # than once (eval.py's benchmarks, a sweep's steps, a test session) would pay it per pool. Stopped at exit.
 _spare_workers: dict[tuple[str, ...], list["_Worker"]] = {}
+_spares_lock = threading.Lock()  # pools in several threads share them
 
 
 class RewardPool:
@@ -364,10 +365,12 @@ class RewardPool:
         self.last_error = f"{name}: {message}"
 
     def _start_worker(self) -> _Worker:
-        spares = _spare_workers.get(tuple(self._command), [])
-        while spares and spares[-1].process.poll() is not None:  # one that died while it waited
-            spares.pop().stop()
-        worker = spares.pop() if spares else _Worker(self._command)
+        with _spares_lock:
+            spares = _spare_workers.get(tuple(self._command), [])
+            while spares and spares[-1].process.poll() is not None:  # one that died while it waited
+                spares.pop().stop()
+            worker = spares.pop() if spares else None
+        worker = worker or _Worker(self._command)
         self._selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
         self._workers.append(worker)
         return worker
@@ -383,15 +386,16 @@ class RewardPool:
         next pool of the same settings in this process (up to num_workers of them), the others are stopped; all
         end at exit, or when this process dies (their input closes)."""
         with self._lock:
-            spares = _spare_workers.setdefault(tuple(self._command), [])
             for worker in self._workers:
                 self._selector.unregister(worker.process.stdout)
                 # not a user's function's: its file may change before the next pool (a notebook's edit)
                 handed_on = not self.reward_fn and worker.job is None and worker.process.poll() is None
-                if handed_on and len(spares) < self.num_workers:
-                    spares.append(worker)
-                else:
-                    worker.stop(wait_s=1.0)
+                with _spares_lock:
+                    spares = _spare_workers.setdefault(tuple(self._command), [])
+                    if handed_on and len(spares) < self.num_workers:
+                        spares.append(worker)
+                        continue
+                worker.stop(wait_s=1.0)
             self._workers = []
 
     def __enter__(self) -> "RewardPool":
@@ -410,9 +414,11 @@ def _close_live_pools() -> None:
 
 def stop_spare_workers() -> None:
     """Stops the idle workers closed pools left (at exit; or to free their memory sooner)."""
-    for spares in _spare_workers.values():
-        while spares:
-            spares.pop().stop(wait_s=1.0)
+    with _spares_lock:
+        stopping = [worker for spares in _spare_workers.values() for worker in spares]
+        _spare_workers.clear()
+    for worker in stopping:
+        worker.stop(wait_s=1.0)
 
 
 def _safe_fast_verdict(prediction: str, reference: str, rel_tol: float = 0.0) -> bool | None:
