@@ -484,19 +484,22 @@ def loss_logp(logp: torch.Tensor, rollout) -> torch.Tensor:
     """What policy_loss takes of the replay's log-probs: log p(y) [N, T]; where the candidates are scored, the
     strategy's log_prob of them (SofT-GRPO's reparameterised one, [N, T]) or the candidates' own [N, T, K] (Multiplex
     Thinking's joint loss, with scored_candidates)."""
-    if logp.dim() == 2:
+    if logp.dim() == 2:  # the action alone: nothing to move or compute
         return logp
     as_logp = STRATEGIES[rollout.strategy].log_prob
-    return logp[..., 1:] if as_logp is None else as_logp(logp[..., 1:], logp[..., 0], rollout.steps)
+    if as_logp is None:
+        return logp[..., 1:]
+    steps = {name: value.to(logp.device) for name, value in rollout.steps.items()}  # the record, where logp is
+    return as_logp(logp[..., 1:], logp[..., 0], steps)
 
 
-def scored_candidates(rollout) -> torch.Tensor | None:
-    """[N, T, K] bool: the candidates a Multiplex Thinking loss trains on, those of weight > 0 (every draw of a
-    thinking step; the action alone at an answer step, recorded [y, y, ...] with weights [1, 0, ...]); None when
-    only the action is scored, or when the strategy's log_prob makes one log-probability of them (SofT-GRPO)."""
+def scored_candidates(rollout, device: torch.device) -> torch.Tensor | None:
+    """[N, T, K] bool on `device`: the candidates a Multiplex Thinking loss trains on, those of weight > 0 (every
+    draw of a thinking step; the action alone at an answer step, recorded [y, y, ...] with weights [1, 0, ...]); None
+    when only the action is scored, or when the strategy's log_prob makes one log-probability of them (SofT-GRPO)."""
     if not scores_candidates(rollout) or STRATEGIES[rollout.strategy].log_prob is not None:
         return None
-    return rollout.steps["cand_weights"] > 0
+    return rollout.steps["cand_weights"].to(device) > 0
 
 
 def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *, on_policy: bool = False,
@@ -564,15 +567,14 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
         if micro.pg_mask is not None:  # --top-entropy-quantile: the other tokens get no policy gradient
             keep = micro.pg_mask.to(device).float()
             is_weights = keep if is_weights is None else is_weights * keep
-        scored = micro.rollout.to(device)
-        logp, old_logp = loss_logp(logp, scored), loss_logp(old_logp, scored)
-        ref_logp = None if micro.ref_logp is None else loss_logp(micro.ref_logp.to(device), scored)
+        logp, old_logp = loss_logp(logp, micro.rollout), loss_logp(old_logp, micro.rollout)
+        ref_logp = None if micro.ref_logp is None else loss_logp(micro.ref_logp.to(device), micro.rollout)
         with distributed.autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask, ref_logp=ref_logp,
                                         settings=settings, normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
                                         run_tokens[index].to(device), is_weights=is_weights, entropy=entropy,
-                                        candidates=scored_candidates(micro.rollout))
+                                        candidates=scored_candidates(micro.rollout, device))
         if real and not torch.isfinite(loss):
             finite = False
             if not world.distributed:
