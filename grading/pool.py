@@ -141,20 +141,26 @@ def _serve() -> None:
     sys.path.extend(path for path in settings["sys_path"] if path not in sys.path)
     score = _scorer(settings)
     equivalent("(x+1)^2 \\le 3", "x^2+2x+1 \\leq 3")  # load sympy's lazy modules before the first timed job
-    replies.write('"ready"\n')
-    replies.flush()
-    for line in sys.stdin:
-        job_id, payload, reference, timeout_s = json.loads(line)
-        signal.setitimer(signal.ITIMER_REAL, timeout_s + 2.0)
-        reply = [job_id, 0.0]
-        try:
-            reply[1] = score(payload, reference)
-        except Exception as error:  # the grader's failures mean "not equal"; a user's function's are reported
-            if settings["reward_fn"]:
-                reply.append(_failure(error))
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        replies.write(json.dumps(reply) + "\n")
+    try:
+        replies.write('"ready"\n')
         replies.flush()
+        for line in sys.stdin:
+            job_id, payload, reference, timeout_s = json.loads(line)
+            signal.setitimer(signal.ITIMER_REAL, timeout_s + 2.0)
+            reply = [job_id, 0.0]
+            try:
+                reply[1] = score(payload, reference)
+            except Exception as error:  # the grader's failures mean "not equal"; a user's function's are reported
+                if settings["reward_fn"]:
+                    reply.append(_failure(error))
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
+    except BrokenPipeError:
+        # The program has gone (it finished or was stopped while this worker started or graded): nobody reads the
+        # answer, and the worker shares the program's stderr, so it ends without a word (os._exit: the buffered
+        # reply would fail again, and be reported, as the interpreter closes it).
+        os._exit(0)
 
 
 class _Worker:
