@@ -397,10 +397,10 @@ def test_a_bad_tolerance_is_one_clear_message(rel_tol):
     "```output\n" * 50_000 + "3\n```\nThree.",
 ])
 def test_prose_readers_stay_fast_on_pathological_input(response):
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU: the readers' work, whatever else the machine runs
     for reference in ("3", "True", "(a)"):
         candidate_answers(response, reference)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_eval_grades_each_benchmark_by_its_published_rule_and_records_it(tmp_path, monkeypatch):
