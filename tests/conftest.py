@@ -10,6 +10,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -23,12 +24,31 @@ if os.environ.get("NGRPO_HIDE_EXTRAS"):  # the optional packages unimportable he
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HIDE_EXTRAS), os.environ.get("PYTHONPATH")]))
     runpy.run_path(str(HIDE_EXTRAS / "sitecustomize.py"))
 
-# pytest-xdist (pyproject.toml's addopts: a worker per core, up to 4) runs test files side by side: each worker,
-# and each process a test starts, computes on one thread, so that no thread spins waiting for a core another
+# pytest-xdist (pyproject.toml's addopts, pytest_xdist_auto_num_workers below) runs test files side by side: each
+# worker, and each process a test starts, computes on one thread, so that no thread spins waiting for a core another
 # process holds. Without xdist (-p no:xdist, -n 0): two threads, as a 2-core machine gives a process.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+preloaded.BASE_ENV = dict(os.environ)  # what every test starts from: the preloaded interpreter's environment
+
+
+# pytest-xdist hands test files to its workers in this order (addopts: --no-loadscope-reorder), then the rest as
+# collected: the files whose processes run longest start first, so that they overlap the many quick files instead of
+# running on alone at the end (the demo's 120 steps alone take ~2.5 minutes of one core).
+LONGEST_FIRST = ("test_train.py", "test_distributed.py", "test_documented_commands.py", "test_third_hour.py",
+                 "test_second_hour.py", "test_reliability.py", "test_plan.py", "test_first_hour.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    order = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # a stable sort: the rest keep their order
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml's addopts): a worker per core and one more, up to 4, as many tests wait on a
+    process (a signal's effect, a job's ranks) and a core would idle while they do."""
+    return min(4, (os.cpu_count() or 1) + 1)
 
 
 @pytest.fixture
@@ -61,8 +81,8 @@ def run_at_once(scripts: dict, timeout: float) -> dict:
     """key -> the JSON object that `python -c script` printed last, for each (key, [script, *args]) of `scripts`:
     all started at once, each a process of one thread (such runs spend much of their time starting, and a CPU
     has more than one core), then each judged: one that failed shows its stderr."""
-    processes = {key: subprocess.Popen([sys.executable, "-c", *command], cwd=ROOT, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    processes = {key: preloaded.Popen([sys.executable, "-c", *command], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
                  for key, command in scripts.items()}
     outputs = {key: process.communicate(timeout=timeout) for key, process in processes.items()}  # all, then judge
     for key, (_, stderr) in outputs.items():

@@ -3,10 +3,10 @@ hand-rolled resample, the paired comparison against hand counts on small samples
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -210,9 +210,9 @@ def test_compare_cli_prints_the_table_and_writes_json(tmp_path):
     write_samples(tmp_path / "a", RUN_A)
     write_samples(tmp_path / "b", RUN_B)
     out = tmp_path / "cmp.json"
-    done = subprocess.run([sys.executable, "-m", "research.analysis", "compare", str(tmp_path / "a"),
+    done = preloaded.run([sys.executable, "-m", "research.analysis", "compare", str(tmp_path / "a"),
                            str(tmp_path / "b"), "--out", str(out), "--resamples", "100"],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
+                         cwd=ROOT, capture_output=True, text=True, check=True)
     assert "only A 2, only B 1, both 1, neither 1" in done.stdout
     saved = json.loads(out.read_text())
     assert saved["benchmarks"]["toy"]["solved"]["only_a"] == 2 and saved["resamples"] == 100

@@ -4,10 +4,10 @@ pads less) and on its defaults, and `bench.py trl` skipping with a message when 
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import torch
 
 from benchmarks import train as train_bench
@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_long_tail_update_bench_reports_both_kinds_with_the_same_weights():
-    done = subprocess.run([sys.executable, str(ROOT / "bench.py"), "train", "--long-tail", "--rows", "8",
+    done = preloaded.run([sys.executable, str(ROOT / "bench.py"), "train", "--long-tail", "--rows", "8",
                            "--new-tokens", "48", "--prompt-len", "20", "--repeats", "1"],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     fixed, budget, summary = [json.loads(line) for line in done.stdout.splitlines()]
     assert (fixed["kind"], budget["kind"]) == ("fixed-rows", "token-budget")

@@ -4,10 +4,10 @@ resume after an interruption, the offline CLI run on the tiny model, and the pro
 import itertools
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -260,7 +260,7 @@ def test_cli_runs_offline_on_the_tiny_model(shared_data, tmp_path):
     math500 = str(shared_data / "eval" / "math500.jsonl")
     command = [sys.executable, "eval.py", "--model", "tiny", "--benchmarks", math500,
                "--limit", "6", "--n", "4", "--max-new-tokens", "16", "--out-dir", str(out), "--device", "cpu"]
-    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finished = preloaded.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
     results = json.loads((out / "results.json").read_text())
     assert (results["math500"]["n"], results["math500"]["problems"]) == (4, 6)

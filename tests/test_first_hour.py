@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -139,15 +140,15 @@ def test_resume_with_changed_settings_refuses_unless_told(tmp_path, capsys):
 
 
 def run_cli(args, **kwargs):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
+    return preloaded.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
 
 
 def run_clis_at_once(*commands) -> list[subprocess.CompletedProcess]:
     """run_cli of each command, all started at once (each spends seconds importing torch on one core), then
     each waited for: the same processes, arguments and environment as one after another."""
-    started = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for args in commands]
+    started = [preloaded.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for args in commands]
     done = []
     for process in started:
         stdout, stderr = process.communicate(timeout=300)
@@ -170,8 +171,8 @@ def test_cli_errors_exit_non_zero_with_one_line(tmp_path):
 def test_ctrl_c_writes_a_checkpoint_and_says_how_to_resume(tmp_path):
     out = tmp_path / "run"
     args = ["train.py", *TINY, "--max-steps", "400", "--out-dir", str(out)]
-    process = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = preloaded.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     for line in process.stdout:  # wait until training runs
         if line.startswith("step 1 "):
             break

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 from conftest import torch_threads
 
@@ -45,8 +46,8 @@ def always_raises(response, reference):
 
 
 def run_cli(args, **kwargs):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV,
-                          **kwargs)
+    return preloaded.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV,
+                         **kwargs)
 
 
 def last_line(text: str) -> str:
@@ -211,8 +212,8 @@ def test_resume_with_no_intact_checkpoint_stops_with_one_line(tmp_path):
 
 
 def start(args, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**ENV, **env})
+    return preloaded.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env={**ENV, **env})
 
 
 def wait_for_step(process: subprocess.Popen) -> None:

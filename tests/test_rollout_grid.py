@@ -3,10 +3,10 @@ by hand from the architecture, and the budget that skips what would not fit inst
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -57,8 +57,8 @@ def test_the_grid_skips_what_its_budget_cannot_fit_and_says_so():
     command = [sys.executable, "bench.py", "rollout-grid", "--device", "cpu", "--shape", "tiny",
                "--prompt-len", "8", "--configs", "2x8x1", "2x1000000x1", "--impls", "ours,transformers",
                "--skip-steps", "--copy-gib", "0.01", "--budget-s", "60"]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    out = preloaded.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     lines = [json.loads(line) for line in out.splitlines()]
     measured = {(r["new_tokens"], r["impl"]) for r in lines if "tokens_per_s" in r}
     skipped = {(r["new_tokens"], r["impl"]) for r in lines if "skipped" in r}
@@ -95,8 +95,8 @@ def test_transformers_rollouts_too_long_to_run_are_estimated_from_their_step_and
     command = [sys.executable, "bench.py", "rollout-grid", "--device", "cpu", "--shape", "tiny",
                "--prompt-len", "8", "--configs", "2x64x5", "2x64x5", "--impls", "transformers", "--skip-steps",
                "--hf-warm-up", "short", "--hf-whole-max-s", "0", "--copy-gib", "0.01", "--budget-s", "120"]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    out = preloaded.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     lines = [json.loads(line) for line in out.splitlines() if '"rollout"' in line]
     whole = [r for r in lines if "runs_s" in r]
     estimated = [r for r in lines if "estimated" in r]

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
+import preloaded
 import pytest
 import torch
 from conftest import torch_threads
@@ -133,8 +134,8 @@ def interrupt_and_resume(bench: Path, out: Path, signum: int) -> SimpleNamespace
     and stderr, the samples file as the interruption left it, whether results.json existed then, and the resumed
     command's process (None when no command was printed)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    process = subprocess.Popen([sys.executable, "eval.py", *eval_run(bench, out)], cwd=ROOT, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = preloaded.Popen([sys.executable, "eval.py", *eval_run(bench, out)], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     samples = out / "samples.jsonl"
     while process.poll() is None and not (samples.exists() and samples.read_text().count("\n")):
         time.sleep(0.01)  # until the first batch is written
@@ -208,8 +209,8 @@ def test_a_hub_id_without_the_hub_fails_at_once_in_one_line_naming_what_to_pass(
             (1, f"--tokenizer owner/tok: owner/tok is a Hugging Face hub id, but {refused}; pass a local directory "
                 "holding the tokenizer's files"),
     }
-    running = {argv: subprocess.Popen([sys.executable, *argv], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env) for argv in commands}
+    running = {argv: preloaded.Popen([sys.executable, *argv], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env) for argv in commands}
     for argv, process in running.items():
         _, stderr = process.communicate(timeout=120)
         status, line = commands[argv]

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 from conftest import torch_threads
@@ -146,13 +147,13 @@ def test_sigterm_to_the_process_group_while_grading_changes_no_result(tmp_path):
     reward.write_text(SLOW_REWARD)
     grading = tmp_path / "grading"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NGRPO_TEST_GRADING": str(grading)}
-    straight = subprocess.run(train_command(tmp_path / "straight", reward, 2), env=env, capture_output=True,
-                              text=True, timeout=300)
+    straight = preloaded.run(train_command(tmp_path / "straight", reward, 2), env=env, capture_output=True,
+                             text=True, timeout=300)
     assert straight.returncode == 0, straight.stderr[-2000:]
     grading.unlink()
     out = tmp_path / "cut"
-    process = subprocess.Popen(train_command(out, reward, 2), env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # a group of its own
+    process = preloaded.Popen(train_command(out, reward, 2), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)  # a group of its own
     deadline = time.monotonic() + 120
     while not grading.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -163,8 +164,8 @@ def test_sigterm_to_the_process_group_while_grading_changes_no_result(tmp_path):
     assert "reward error" not in stderr and "died" not in stderr, stderr[-2000:]  # no answer lost its grade
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics and all(m["reward_errors"] == 0 for m in metrics)
-    resumed = subprocess.run(train_command(out, reward, 2, "--resume"), env=env, capture_output=True, text=True,
-                             timeout=300)
+    resumed = preloaded.run(train_command(out, reward, 2, "--resume"), env=env, capture_output=True, text=True,
+                            timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert (out / "checkpoints" / "step-2" / "model.safetensors").read_bytes() == \
         (tmp_path / "straight" / "checkpoints" / "step-2" / "model.safetensors").read_bytes()
@@ -204,10 +205,10 @@ def test_a_reader_that_stops_early_ends_the_printout_quietly():
 
 
 def test_sigterm_during_the_warm_start_says_what_happened(tmp_path):
-    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *DEMO, "--sft-steps", "100000",
+    process = preloaded.Popen([sys.executable, str(ROOT / "train.py"), *DEMO, "--sft-steps", "100000",
                                 "--sft-target-accuracy", "0", "--out-dir", str(tmp_path / "run")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     for line in process.stderr:  # the warm start's progress, in a log's form (stderr is a pipe): after ~15 s
         if line.startswith("warm start"):
             break
