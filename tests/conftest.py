@@ -35,7 +35,7 @@ preloaded.BASE_ENV = dict(os.environ)  # what every test starts from: the preloa
 
 # pytest-xdist hands test files to its workers in this order (addopts: --no-loadscope-reorder), then the rest as
 # collected: the files whose processes run longest start first, so that they overlap the many quick files instead of
-# running on alone at the end (the demo's 120 steps alone take ~2.5 minutes of one core).
+# running on alone at the end (the demo's warm start and learning run alone take ~1.5 minutes of one core).
 LONGEST_FIRST = ("test_train.py", "test_distributed.py", "test_documented_commands.py", "test_third_hour.py",
                  "test_second_hour.py", "test_reliability.py", "test_plan.py", "test_first_hour.py")
 
