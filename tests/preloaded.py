@@ -256,7 +256,8 @@ _EXECUTE_CHILD_PARAMETERS = list(inspect.signature(subprocess.Popen._execute_chi
 def _forkable(args, kwargs: dict) -> bool:
     if not isinstance(args, (list, tuple)) or len(args) < 2 or args[0] != sys.executable:
         return False
-    if args[1].startswith("-") and not (args[1] in ("-c", "-m") and len(args) >= 3):
+    first = os.fsdecode(args[1])  # a script may be given as a Path
+    if first.startswith("-") and not (first in ("-c", "-m") and len(args) >= 3):
         return False  # interpreter options
     if set(kwargs) - POPEN_ARGS or kwargs.get("close_fds", True) is not True:
         return False
