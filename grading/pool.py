@@ -37,6 +37,10 @@ from grading.latex import box_spans
 GRADERS = ("ours", "math-verify")
 WORKER_MEMORY_BYTES = 2 << 30
 STARTUP_TIMEOUT_S = 60.0
+# A pool starts one worker at its first batch and one more (up to num_workers) each time work has waited this long
+# with a worker up: most batches of a small run or evaluation are graded by one worker in milliseconds, and each
+# start costs ~1 s of CPU; a long batch, or one stuck behind a slow answer, gets every worker within seconds.
+GROW_AFTER_S = 0.5
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -175,6 +179,7 @@ class _Worker:
         self.started = time.monotonic()
         self.pending = b""
         self.ready = False
+        self.ready_at = math.inf  # time.monotonic() when it said "ready"
         self.job = None
         self.deadline = None
 
@@ -212,8 +217,9 @@ _spares_lock = threading.Lock()  # pools in several threads share them
 
 class RewardPool:
     """Scores batches of (response, reference) pairs in parallel worker processes, each check bounded by
-    `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start on
-    first need (or come from a closed pool of the same settings) and serve until close(). Failures are never
+    `timeout_s`: a worker past its deadline is killed and replaced, and that pair scores 0.0. Workers start as the
+    work needs them, one at the first batch and one more each time work has waited GROW_AFTER_S (or come from a
+    closed pool of the same settings), and serve until close(). Failures are never
     silent: `timeouts` counts the checks that ran out of time (any grader), `errors` those a user's function
     failed (it raised, killed its worker, or returned no finite number), `last_error` says the latest; the first
     one is printed to stderr with its traceback (the earliest pair of its batch, whichever worker finished first).
@@ -253,6 +259,7 @@ class RewardPool:
         self._lock = threading.Lock()
         self.errors, self.timeouts, self.last_error = 0, 0, ""
         self._failures: list[tuple] = []  # (pair index, message, traceback, timed out) of the batch running
+        self._grown_at = 0.0  # when the batch running began, or the pool last started a worker for it
         _live_pools.add(self)
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
@@ -307,18 +314,23 @@ class RewardPool:
                 self._count_failure(*failure[1:])
 
     def _drain(self, queue: deque, timeout_s: float, scores: list[bool]) -> None:
-        while len(self._workers) < min(self.num_workers, len(queue)):
+        if not self._workers:
             self._start_worker()
+        self._grown_at = time.monotonic()
         while queue or any(worker.job is not None for worker in self._workers):
             for worker in self._workers:
                 if queue and worker.ready and worker.job is None:
                     self._dispatch(worker, *queue.popleft(), timeout_s, scores)
             now = time.monotonic()
+            if queue and now >= self._grow_at():  # work has waited GROW_AFTER_S with a worker up
+                self._start_worker()
+                self._grown_at = now
             deadlines = [worker.deadline for worker in self._workers if worker.job is not None]
             if not deadlines and all(now - w.started > STARTUP_TIMEOUT_S for w in self._workers):
-                raise RuntimeError(f"reward workers did not start within {STARTUP_TIMEOUT_S:.0f} s "
-                                   f"(command: {' '.join(self._command)}); see their stderr above")
+                raise self._not_started()
             wait_s = min(deadlines) - now if deadlines else 0.5
+            if queue:
+                wait_s = min(wait_s, self._grow_at() - now)
             for key, _ in self._selector.select(max(0.0, wait_s)):
                 self._read(key.data, scores)
             now = time.monotonic()
@@ -327,6 +339,29 @@ class RewardPool:
                     scores[worker.job] = 0.0
                     self._failed(worker.job, f"timed out after {timeout_s:g} s", timed_out=True)
                     self._replace(worker)
+
+    def _grow_at(self) -> float:
+        """When the batch running may start one more worker (inf: none: all are started, or none is up yet)."""
+        up = [worker.ready_at for worker in self._workers if worker.ready]
+        if not up or len(self._workers) >= self.num_workers:
+            return math.inf
+        return max(self._grown_at, min(up)) + GROW_AFTER_S
+
+    def start(self, workers: int | None = None) -> None:
+        """Starts workers (up to `workers`, default num_workers) and returns once they are ready: before timing
+        batches, say. Otherwise a pool starts them as its batches need them (GROW_AFTER_S)."""
+        with self._lock:
+            while len(self._workers) < min(workers or self.num_workers, self.num_workers):
+                self._start_worker()
+            while not all(worker.ready for worker in self._workers):
+                if all(time.monotonic() - w.started > STARTUP_TIMEOUT_S for w in self._workers if not w.ready):
+                    raise self._not_started()
+                for key, _ in self._selector.select(0.5):
+                    self._read(key.data, [])
+
+    def _not_started(self) -> RuntimeError:
+        return RuntimeError(f"reward workers did not start within {STARTUP_TIMEOUT_S:.0f} s (command: "
+                            f"{' '.join(self._command)}); see their stderr above")
 
     def _dispatch(self, worker: _Worker, index: int, payload, reference: str,
                   timeout_s: float, scores: list[float]) -> None:
@@ -349,7 +384,7 @@ class RewardPool:
             return
         for message in messages:
             if message == "ready":
-                worker.ready = True
+                worker.ready, worker.ready_at = True, time.monotonic()
             else:
                 job, score, *failure = message
                 scores[job] = score

@@ -435,8 +435,8 @@ ADVERSARIAL_RESPONSES = {
 @pytest.fixture(scope="module")
 def pool():
     with RewardPool(num_workers=2, timeout_s=TIMEOUT_S) as pool:
-        warm_up = [("\\boxed{\\sqrt{8}}", "2\\sqrt2"), ("\\boxed{x+x}", "2x")]  # both workers up before any timing
-        assert pool.score(warm_up) == [1.0, 1.0]
+        pool.start()  # both workers up before any timing
+        assert pool.score([("\\boxed{\\sqrt{8}}", "2\\sqrt2"), ("\\boxed{x+x}", "2x")]) == [1.0, 1.0]
         yield pool
 
 
@@ -491,6 +491,20 @@ def test_fast_paths_start_no_worker():
         assert pool._workers == []
 
 
+def test_a_pool_starts_one_worker_and_another_only_when_work_waits_with_one_up():
+    """A batch that one worker grades in time starts no second (each costs ~1 s of CPU); a batch stuck behind a slow
+    answer gets the second GROW_AFTER_S after the first is up, and the other answers do not wait for the slow one."""
+    quick = [(f"\\boxed{{x+{k}x}}", f"{k + 1}x") for k in range(1, 7)]
+    with RewardPool(num_workers=2, timeout_s=TIMEOUT_S) as pool:
+        assert pool.score(quick[:3]) == [1.0] * 3
+        assert len(pool._workers) == 1
+        start = time.perf_counter()
+        assert pool.score([(f"\\boxed{{{HANGING_PAIR[0]}}}", HANGING_PAIR[1])] + quick) == [0.0] + [1.0] * 6
+        assert time.perf_counter() - start < TIMEOUT_S + 2.0
+        # the one that joined, and the killed one's replacement (alone, it would have graded them after the kill)
+        assert len(pool._workers) == 2 and pool.timeouts == 1
+
+
 def test_non_string_input_does_not_raise():
     assert is_equiv(None, "5") is False
     assert is_equiv(27.0, "27") is True
@@ -500,8 +514,9 @@ def test_non_string_input_does_not_raise():
 
 def test_close_hands_idle_workers_to_the_next_pool_of_the_same_settings_and_stops_the_rest(tmp_path):
     stop_spare_workers()  # none left by earlier tests in this process
-    hard = [("\\boxed{x+x}", "2x"), ("\\boxed{x^2}", "x \\cdot x")]  # both need sympy: two workers start
+    hard = [("\\boxed{x+x}", "2x"), ("\\boxed{x^2}", "x \\cdot x")]  # both need sympy's workers
     pool = RewardPool(num_workers=2, timeout_s=5.0)
+    pool.start()
     assert pool.score(hard) == [1.0, 1.0]
     first = [worker.process for worker in pool._workers]
     assert len(first) == 2
@@ -513,6 +528,7 @@ def test_close_hands_idle_workers_to_the_next_pool_of_the_same_settings_and_stop
         assert other.score(hard[:1]) == [1.0]
         assert [worker.process for worker in other._workers] != [first[1]]
     with RewardPool(num_workers=2, timeout_s=1.0) as same:  # the same settings take the idle one over
+        same.start()
         assert same.score(hard) == [1.0, 1.0]
         served = [worker.process for worker in same._workers]
         assert first[1] in served and len(served) == 2
