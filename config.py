@@ -49,6 +49,11 @@ class Config:
     top_p: float = option(1.0, "nucleus sampling threshold of training rollouts (1 = off)")
     top_k: int = option(0, "sample only from the k most likely tokens (0 = off)")
     min_p: float = option(0.0, "drop tokens with p < min_p x top p, after top-k / top-p (Soft Thinking's; 0 = off)")
+    after_thinking_top_k: int = option(-1, "Soft Thinking's after-thinking filters (its after_thinking_top_k, "
+                                       "_top_p, _min_p): a row that has sampled --stop-mixing-token samples with "
+                                       "these in place of --top-k / --top-p / --min-p (-1 = unchanged)")
+    after_thinking_top_p: float = option(-1.0, "see --after-thinking-top-k (-1 = --top-p)")
+    after_thinking_min_p: float = option(-1.0, "see --after-thinking-top-k (-1 = --min-p)")
     rollout_batch_size: int = option(0, "rows (prompts x G) decoded together per generate call; 0 = all of a "
                                         "step's rows at once. The KV cache grows with rows x (prompt + "
                                         "max_new_tokens) (--plan shows it); more rows decode more tokens per "
@@ -100,13 +105,17 @@ class Config:
     gumbel_temperature: float = option(0.5, "soft-gumbel / soft-grpo: the Gumbel-softmax temperature (SofT-GRPO's "
                                        "gumbel_softmax_temperature is 0.1; Randomized Soft "
                                        "Thinking's --gumbel_temperature in its math scripts)")
-    early_stopping_entropy_threshold: float = option(0.0, "soft / soft-gumbel: Soft Thinking's Cold Stop: force "
-                                                     "--stop-mixing-token once the entropy (nats) stays under this "
-                                                     "for the next flag's steps in a row (0 = off)")
-    early_stopping_length_threshold: int = option(256, "soft / soft-gumbel: Cold Stop's steps")
-    dirichlet_alpha: float = option(0.0, "soft / soft-gumbel: Dirichlet noise, p replaced by a draw of Dirichlet("
-                                    "alpha p) before the top-k (Soft Thinking's --add_noise_dirichlet "
-                                    "--dirichlet_alpha, its sglang layers/sampler.py; 0 = off)")
+    early_stopping_entropy_threshold: float = option(0.0, "soft / soft-gumbel / multiplex: Soft Thinking's Cold "
+                                                     "Stop: force --stop-mixing-token once the entropy (nats) stays "
+                                                     "under this for the next flag's steps in a row (0 = off)")
+    early_stopping_length_threshold: int = option(256, "soft / soft-gumbel / multiplex: Cold Stop's steps")
+    dirichlet_alpha: float = option(0.0, "soft / soft-gumbel / multiplex: Dirichlet noise, p replaced by a draw of "
+                                    "Dirichlet(alpha p) before the top-k or the K draws (Soft Thinking's "
+                                    "--add_noise_dirichlet --dirichlet_alpha, its sglang layers/sampler.py, and "
+                                    "Multiplex Thinking's; 0 = off)")
+    noise_factor: float = option(1.0, "soft-grpo: the scale of the clamped Gumbel noise added to log q in g' "
+                                 "(SofT-GRPO's rollout.noise_factor, 1 in its scripts; the loss still scores "
+                                 "g' - log q as one Gumbel draw, as theirs does)")
     multiplex_width: int = option(3, "multiplex: K, the tokens drawn from the sampling distribution at each thinking "
                                   "step (Multiplex Thinking's max_topk / MULTIPLEX_WIDTH; 3 in its run_train.sh)")
     multiplex_weights: str = option("uniform", "multiplex: the merge, uniform = the K embeddings' plain average (its "
@@ -312,6 +321,13 @@ class Config:
         if problems:
             raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
 
+    @property
+    def filters_tokens(self) -> bool:
+        """Whether top-k, top-p or min-p removes tokens from the sampling distribution, thinking or after."""
+        thinking = (self.top_p, self.top_k, self.min_p)
+        after = (self.after_thinking_top_p, self.after_thinking_top_k, self.after_thinking_min_p)
+        return any(t != (1.0, 0, 0.0) for t in (thinking, tuple(t if a == -1 else a for t, a in zip(thinking, after))))
+
     def check_vocabulary(self, vocab_size: int, model: str) -> None:
         """The rules that need the model's vocabulary size: a ConfigError naming the flag."""
         problems = []
@@ -407,9 +423,13 @@ RANGES = {
     "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
     "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
     "min_p": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"), "gumbel_temperature": _POSITIVE,
+    "after_thinking_top_k": (lambda v: v >= -1, "must be >= 0 (0 = off), or -1 (= --top-k)"),
+    "after_thinking_top_p": (lambda v: 0 < v <= 1 or v == -1, "must be in (0, 1], or -1 (= --top-p)"),
+    "after_thinking_min_p": (lambda v: 0 <= v < 1 or v == -1, "must be in [0, 1) (0 = off), or -1 (= --min-p)"),
     "mixinputs_beta": (lambda v: v >= 0 or v <= -99, "must be >= 0 (or <= -99: the direct mixture)"),
     "early_stopping_entropy_threshold": _AT_LEAST_0, "early_stopping_length_threshold": _AT_LEAST_1,
     "dirichlet_alpha": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "multiplex_width": _AT_LEAST_1,
+    "noise_factor": _AT_LEAST_0,
     "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
     "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
     "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -464,8 +484,8 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
          "that records mixtures (--explore none records none)"),
         ("mini_batch_prompts", c.mini_batch_prompts < 1 or c.prompts_per_step % c.mini_batch_prompts == 0,
          f"must divide --prompts-per-step ({c.prompts_per_step})"),
-        ("old_logp", c.old_logp == "replay" or (c.top_p == 1.0 and c.top_k == 0 and c.min_p == 0), "rollout "
-         "needs --top-p 1, --top-k 0 and --min-p 0: with filtering the sampler's log-probs are of the filtered "
+        ("old_logp", c.old_logp == "replay" or not c.filters_tokens, "rollout needs --top-p 1, --top-k 0 and "
+         "--min-p 0 (and so after thinking): with filtering the sampler's log-probs are of the filtered "
          "distribution and the replayed ones are not"),
         *[("explore", c.explore not in names or ok, f"{c.explore} (its loss scores each step's candidates) needs "
            f"{needs}") for names, ok, needs in (
@@ -521,11 +541,15 @@ IDLE_WITHOUT = {
     "soft_top_k": (lambda c: c.explore not in ("none", "neighbor", "mixinputs", "multiplex"), "an --explore other "
                    "than none, neighbor, mixinputs and multiplex"),
     "mixinputs_beta": (lambda c: c.explore == "mixinputs", "--explore mixinputs"),
+    **dict.fromkeys(("after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p"),
+                    (lambda c: c.explore != "none" and bool(c.stop_mixing_token), "an --explore other than none "
+                     "and a --stop-mixing-token (it ends thinking)")),
     **dict.fromkeys(("multiplex_width", "multiplex_weights", "multiplex_replacement"),
                     (lambda c: c.explore == "multiplex", "--explore multiplex")),
     "gumbel_temperature": (lambda c: c.explore in ("soft-gumbel", "soft-grpo"), "--explore soft-gumbel or soft-grpo"),
     **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold", "dirichlet_alpha"),
-                    (lambda c: c.explore in COLD_STOP, "--explore soft or soft-gumbel")),
+                    (lambda c: c.explore in COLD_STOP, f"--explore {', '.join(COLD_STOP)}")),
+    "noise_factor": (lambda c: c.explore == "soft-grpo", "--explore soft-grpo"),
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
     "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
     "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
@@ -588,9 +612,11 @@ PRESETS: dict[str, dict] = {
     # SofT-GRPO-deepscaler-8k-qwen7.sh for the 7B, which differ in the model alone here): 64 prompts x 8 (l. 6, 46),
     # mini-batches of 32 (l. 14), lr 1e-6 (l. 12), low-var KL 0.001 in the loss (l. 16-19), no entropy bonus
     # (l. 20), temperature 1, top-p 0.95, top-k 5 (l. 29-31; the soft top-k is the rollout's top_k,
-    # sglang_rollout.py l. 394), Gumbel-softmax temperature 0.1 (l. 35), prompts up to 1,024 and responses up to
-    # 8,192 tokens (l. 8-9), one epoch (l. 62).
+    # sglang_rollout.py l. 394) and the same top-p / top-k after thinking (l. 33-34), Gumbel-softmax temperature 0.1
+    # (l. 35), noise factor 1 (l. 40), prompts up to 1,024 and responses up to 8,192 tokens (l. 8-9), one epoch
+    # (l. 62).
     **{name: dict(model=model, explore="soft-grpo", soft_top_k=5, top_k=5, top_p=0.95, temperature=1.0,
+                  after_thinking_top_p=0.95, after_thinking_top_k=5, noise_factor=1.0,
                   gumbel_temperature=0.1, prompts_per_step=64, group_size=8, mini_batch_prompts=32, lr=1e-6,
                   kl_coef=0.001, kl_estimator="low-var", entropy_coef=0.0, max_prompt_tokens=1024,
                   max_new_tokens=8192, **rows)

@@ -28,7 +28,6 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ import data
 import reward
 from model import load_model, resolve_device
 from neighbors import table_for
-from rollout import Sampling, exploration_from_config, generate
+from rollout import exploration_from_config, generate, sampling_from_config
 from runtime import cli, distributed, guard, lora, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.distributed import World
@@ -252,8 +251,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     done = finished_samples(samples_path, resume) if world.is_main else None
     done = distributed.broadcast_object(done, world)
     results = {}
-    pace = Pace(rounds=sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks),
-                samples=sum(len(problems) for _, problems, _ in benchmarks) * n, told=not (progress and world.is_main))
+    pace = tracking.Pace(sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks),
+                         sum(len(problems) for _, problems, _ in benchmarks) * n, told=not (progress and world.is_main))
     # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is closed
     with open(samples_path, "ab", buffering=0) if world.is_main else contextlib.nullcontext() as samples_file:
         for name, problems, kind in benchmarks:
@@ -294,49 +293,6 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
         record = {**results, "scored_by": scored_by} if scored_by else results
         (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     return results
-
-
-@dataclass
-class Pace:
-    """How long the whole evaluation will take, told once (a --n of 100,000 would otherwise run for hours without
-    a word), when that is a minute or more: at the mean pace of the batches after the first (its warm-up is not
-    the pace), once 3 of them and 5 s or a tenth of the batches have run. One batch is no pace: a row that runs
-    to --max-new-tokens makes its batch many times as long as the others."""
-
-    rounds: int  # this rank's batches of the whole evaluation
-    samples: int
-    told: bool  # or not to be told (another rank, a validation)
-    start_s: float = field(default_factory=lambda: time.perf_counter())
-    done: int = 0
-    timed: int = 0
-    timed_s: float = 0.0
-    warmed_up: bool = False
-
-    def batch_done(self, seconds: float, *, generated: bool) -> None:
-        self.done += 1
-        if not generated:  # a batch --resume had already done, or another rank's last round
-            return
-        if not self.warmed_up:
-            self.warmed_up = True
-            return
-        self.timed, self.timed_s = self.timed + 1, self.timed_s + seconds
-        if self.told or self.timed < 3 or (self.timed_s < 5 and self.timed < self.rounds / 10):
-            return
-        self.told = True
-        elapsed_s = time.perf_counter() - self.start_s
-        left_s = self.timed_s / self.timed * (self.rounds - self.done)
-        if elapsed_s + left_s >= 60:
-            print(f"eval: {self.samples} samples in {self.rounds} batches, {self.done} done in {duration(elapsed_s)}; "
-                  f"at {self.timed_s / self.timed:.2f} s a batch about {duration(left_s)} to go, "
-                  f"{duration(elapsed_s + left_s)} in all (lower --n or --limit to shorten it)",
-                  file=sys.stderr, flush=True)
-
-
-def duration(seconds: float) -> str:
-    """74 -> '1 min 14 s', 7200 -> '2.0 h'."""
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{int(seconds // 60)} min {seconds % 60:.0f} s" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def append_samples(samples_file, records: list[dict]) -> None:
@@ -427,13 +383,14 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
 
 # The Config fields eval.py shares with train.py (same flags, same help, same validation), and the
 # defaults of the paper's evaluation protocol where they differ from training's.
-EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k",
-               "min_p", "explore", "mix_rate", "mix_entropy_threshold", "num_neighbors", "mix_weights",
-               "neighbor_space", "neighbor_metric", "stop_mixing_token", "soft_top_k", "mix_temperature",
-               "noise_sigma", "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
-               "early_stopping_length_threshold", "dirichlet_alpha", "multiplex_width", "multiplex_weights",
-               "multiplex_replacement", "seed", "out_dir", "resume", "overwrite",
-               "device", "dist_timeout_s", "grader", "reward", "require_boxed", "rel_tol", "reward_timeout_s")
+EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k", "min_p",
+               "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p", "explore", "mix_rate",
+               "mix_entropy_threshold", "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric",
+               "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "mixinputs_beta",
+               "gumbel_temperature", "early_stopping_entropy_threshold", "early_stopping_length_threshold",
+               "dirichlet_alpha", "multiplex_width", "multiplex_weights", "multiplex_replacement", "noise_factor",
+               "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader", "reward",
+               "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
 EVAL_HELP = {
@@ -458,14 +415,15 @@ EVAL_HELP = {
                  "such an evaluation stops at once)",
 }
 # What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
-RESULT_SETTINGS = ("model", "tokenizer", "benchmarks", "limit", "instruction", "n", "max_new_tokens",
-                   "temperature", "top_p", "top_k", "explore", "mix_rate", "mix_entropy_threshold",
-                   "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "stop_mixing_token",
-                   "soft_top_k", "mix_temperature", "noise_sigma", "seed", "grader", "reward",
-                   "require_boxed", "rel_tol")
-# What an out-dir written before a setting was recorded was made with: eval.py then always used the paper's
-# instruction.
-UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None}
+RESULT_SETTINGS = ("benchmarks", "limit", "n", *(name for name in EVAL_FIELDS if name not in (
+    "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "reward_timeout_s")))
+# What an out-dir written before a setting was recorded holds: eval.py then always used the paper's instruction;
+# the sampling settings from min_p on (recorded since 2026-11-28) are taken to have been at their defaults.
+UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None, **{name: getattr(config.Config(), name)
+                       for name in ("min_p", "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p",
+                                    "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
+                                    "early_stopping_length_threshold", "dirichlet_alpha", "multiplex_width",
+                                    "multiplex_weights", "multiplex_replacement", "noise_factor")}}
 # A benchmark's published rule for numbers (--rel-tol unset): a relative tolerance where its own grader allows one.
 # TheoremQA: within_eps, |prediction - reference| <= 0.04 |reference| (TIGER-AI-Lab/TheoremQA, number_utils.py,
 # lines 19-24, used at line 83); every other benchmark here is graded exactly (docs/reward.md).
@@ -660,9 +618,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         table = table_for(model, cfg).cpu()
     table = distributed.broadcast_object(table, world)
     table = None if table is None else table.to(device)
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
-                        max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
-                        pad_id=data.pad_id_of(tokenizer))
+    sampling = sampling_from_config(cfg, tokenizer)
     longest = max(len(p["prompt_ids"]) for _, problems, _ in prompted for p in problems)
     batch_size = args.batch_size or auto_batch_size(model, longest + cfg.max_new_tokens,
                                                     sum(len(p) for _, p, _ in prompted) * args.n)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from data import pad_id_of
 from engine.decoder import Slots, decoder_for
 from engine.draws import RowDraws, seed_state, step_uniforms
 from engine.kernels import compiled_once
@@ -54,6 +55,18 @@ class Sampling:
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()  # a row finishes when it samples one of these (end-of-sentence, ...)
     pad_id: int = 0  # fills prompts on the left and responses after they finish
+    # Once a row has sampled the exploration's stop_mixing_id (</think>), these replace top_k / top_p / min_p, as
+    # Soft Thinking's sampler switches its after_thinking_* filters (None = unchanged).
+    after_thinking_top_k: int | None = None
+    after_thinking_top_p: float | None = None
+    after_thinking_min_p: float | None = None
+
+    @property
+    def filters(self) -> tuple[tuple[int, float, float], tuple[int, float, float]]:
+        """(top_k, top_p, min_p) while thinking, and after it."""
+        after = (self.after_thinking_top_k, self.after_thinking_top_p, self.after_thinking_min_p)
+        thinking = (self.top_k, self.top_p, self.min_p)
+        return thinking, tuple(t if a is None else a for t, a in zip(thinking, after))
 
 
 @dataclass
@@ -234,7 +247,10 @@ class Sampler:
         s, x = self.sampling, self.exploration
         greedy = s.temperature == 0
         tau = 1.0 if greedy else s.temperature
-        scaled = filtered_logits(logits, tau, s.top_k, s.top_p, s.min_p)  # [S, V]
+        thinking, after = s.filters
+        scaled = filtered_logits(logits, tau, *thinking)  # [S, V]
+        if after != thinking:  # the rows past </think> take the after-thinking filters
+            scaled = torch.where(state.extra["mixing_on"][:, None], scaled, filtered_logits(logits, tau, *after))
         probs = scaled.softmax(-1)
         draws = RowDraws(self.seed, state.key, state.length.clone())
         # = draws.uniform(TOKEN / COIN, 1)[:, 0], in one kernel where compiled
@@ -249,9 +265,10 @@ class Sampler:
         mixture = self.strategy.explore(view)
         if mixture.token is None:  # log p(y) by one gather, not a log_softmax over V (~1e-7 apart in fp32)
             logprob = probs.gather(-1, token[:, None])[:, 0].log()
-        else:  # the strategy's own action (Cold Stop's </think>): p may give it ~0, so by log_softmax
+        else:  # the strategy's own action (Cold Stop's </think>, a draw from a noisy p'), which p did not draw:
+            # scored before filtering, as the replay scores it (a filter may have removed it; p may give it ~0)
             token = torch.where(live, mixture.token, s.pad_id)
-            logprob = scaled.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+            logprob = (logits.float() / tau).log_softmax(-1).gather(-1, token[:, None])[:, 0]
             if x.stop_mixing_id is not None:
                 mixing_on &= token != x.stop_mixing_id
         logprob = torch.where(live, logprob, 0.0)
@@ -279,7 +296,7 @@ def generate(model: Transformer, prompts: list[list[int]], sampling: Sampling, e
     (autocast is off; on GPU pass a bf16 model). cuda_graph: replay each step from a CUDA graph; None = whenever
     the model is on a CUDA device. The KV cache and graphs stay for the next call (release_decoder frees them).
     progress: a tqdm bar on stderr for rollouts over 2 s."""
-    keys = _check_arguments(model, prompts, exploration, neighbor_table, cuda_graph, row_keys, slots)
+    keys = _check_arguments(model, prompts, sampling, exploration, neighbor_table, cuda_graph, row_keys, slots)
     device = model.embed_tokens.weight.device
     graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
     decoder = decoder_for(model, min(slots or len(prompts), len(prompts)),
@@ -291,8 +308,8 @@ def generate(model: Transformer, prompts: list[list[int]], sampling: Sampling, e
     return Rollout([list(p) for p in prompts], lengths, finished, steps, exploration.strategy, sampling.pad_id)
 
 
-def _check_arguments(model, prompts, exploration: Exploration, neighbor_table, cuda_graph, row_keys,
-                     slots) -> torch.Tensor:
+def _check_arguments(model, prompts, sampling: Sampling, exploration: Exploration, neighbor_table, cuda_graph,
+                     row_keys, slots) -> torch.Tensor:
     """Raises on bad arguments; returns the row keys as a tensor [N]."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt and no empty prompt")
@@ -303,12 +320,24 @@ def _check_arguments(model, prompts, exploration: Exploration, neighbor_table, c
     device = model.embed_tokens.weight.device
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs a model on a CUDA device; this one is on {device}")
+    if sampling.filters[0] != sampling.filters[1] and exploration.stop_mixing_id is None:
+        raise ValueError("after_thinking_* filters switch once a row samples exploration.stop_mixing_id: give one")
     if slots is not None and slots < 1:
         raise ValueError(f"slots must be at least 1, not {slots}")
     row_keys = list(range(len(prompts)) if row_keys is None else row_keys)
     if len(row_keys) != len(prompts) or len(set(row_keys)) != len(prompts):
         raise ValueError(f"row_keys must be {len(prompts)} distinct ints, one per prompt")
     return torch.tensor(row_keys, dtype=torch.long, device=device)
+
+
+def sampling_from_config(cfg, tokenizer) -> Sampling:
+    """The Sampling a Config's flags describe (train.py's rollouts and eval.py's samples; -1 after thinking: the
+    thinking value)."""
+    after = {name: None if getattr(cfg, name) == -1 else getattr(cfg, name)
+             for name in ("after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p")}
+    return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
+                    max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
+                    pad_id=pad_id_of(tokenizer), **after)
 
 
 def exploration_from_config(cfg, tokenizer) -> Exploration:
@@ -327,4 +356,4 @@ def exploration_from_config(cfg, tokenizer) -> Exploration:
                        gumbel_temperature=cfg.gumbel_temperature, cold_stop_steps=cfg.early_stopping_length_threshold,
                        cold_stop_entropy=cfg.early_stopping_entropy_threshold, dirichlet_alpha=cfg.dirichlet_alpha,
                        multiplex_width=cfg.multiplex_width, multiplex_weights=cfg.multiplex_weights,
-                       multiplex_replacement=cfg.multiplex_replacement)
+                       multiplex_replacement=cfg.multiplex_replacement, noise_factor=cfg.noise_factor)

@@ -69,6 +69,7 @@ class Exploration:
     multiplex_width: int = 3  # multiplex: K, the tokens drawn from p at each thinking step
     multiplex_weights: str = "uniform"  # multiplex: uniform = 1/K each; probs = p(token) renormalised over the K
     multiplex_replacement: bool = True  # multiplex: the K draws with replacement (a token may come twice)
+    noise_factor: float = 1.0  # soft-grpo: the clamped Gumbel noise's scale in g' (SofT-GRPO's rollout.noise_factor)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -89,9 +90,11 @@ class Exploration:
             raise ValueError("exploration needs gumbel_temperature > 0, cold_stop_entropy >= 0, "
                              "cold_stop_steps >= 1, mixinputs_beta >= 0 (or <= -99: the direct mixture)")
         if self.cold_stop_entropy > 0 and (self.strategy not in COLD_STOP or self.stop_mixing_id is None):
-            raise ValueError("Cold Stop forces stop_mixing_id (</think>): it needs one, and soft or soft-gumbel")
+            raise ValueError(f"Cold Stop forces stop_mixing_id (</think>): it needs one, and {', '.join(COLD_STOP)}")
         if self.dirichlet_alpha < 0 or (self.dirichlet_alpha > 0 and self.strategy not in COLD_STOP):
-            raise ValueError("Dirichlet noise needs dirichlet_alpha >= 0 (0 = off), and soft or soft-gumbel")
+            raise ValueError(f"Dirichlet noise needs dirichlet_alpha >= 0 (0 = off), and {', '.join(COLD_STOP)}")
+        if self.noise_factor < 0:
+            raise ValueError(f"noise_factor must be >= 0, not {self.noise_factor}")
         if self.multiplex_width < 1 or self.multiplex_weights not in ("uniform", "probs"):
             raise ValueError(f"multiplex needs multiplex_width >= 1 (not {self.multiplex_width}) and "
                              f"multiplex_weights 'uniform' or 'probs' (not {self.multiplex_weights!r})")
@@ -274,14 +277,14 @@ def explore_mixinputs(view: StepView) -> Mixture:
     return mix_where(view, cand_ids, cand_weights, view.eligible)
 
 
-def multiplex_draws(probs: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor,
+def multiplex_draws(probs: torch.Tensor, first: torch.Tensor | None, uniforms: torch.Tensor,
                     replacement: bool = True) -> torch.Tensor:
-    """[B, K] tokens from p [B, V]: `first` [B] (the step's action, already drawn from p), then one inverse-CDF draw
-    per uniform [B, K - 1] (float64 in (0, 1)); without replacement each draw renormalises p over the tokens not
-    yet drawn, as torch.multinomial(p, K, replacement=False) draws in turn."""
-    drawn, probs = [first], probs.double()
+    """[B, K] tokens from p [B, V]: `first` [B] (the step's action, already drawn from p; None: none), then one
+    inverse-CDF draw per uniform [B, n] (float64 in (0, 1)); without replacement each draw renormalises p over the
+    tokens not yet drawn, as torch.multinomial(p, K, replacement=False) draws in turn."""
+    drawn, probs = [] if first is None else [first], probs.double()
     for k in range(uniforms.shape[1]):
-        if not replacement:  # the tokens drawn so far are out (a row that has drawn every token keeps its last)
+        if not replacement and drawn:  # the tokens drawn so far are out (a row that drew every token keeps its last)
             left = probs.scatter(-1, torch.stack(drawn, -1), 0.0)
             probs = torch.where(left.sum(-1, keepdim=True) > 0, left, probs)
         cdf = probs.cumsum(-1)  # [B, V]
@@ -296,14 +299,20 @@ def explore_multiplex(view: StepView) -> Mixture:
     multiplex_width tokens from p (after temperature, top-k, top-p, min-p), the first being the step's action y and
     the others from the row's MULTIPLEX stream, with replacement (or without), and feeds sum_k w_k E[i_k], w = 1/K
     (uniform: its enable_unweighting, the released recipe) or p(i_k) renormalised over the K (probs). Answer
-    steps feed y. Training scores all K tokens of a thinking step (the joint log-probability; ngrpo.policy_loss)."""
+    steps feed y. Training scores all K tokens of a thinking step (the joint log-probability; ngrpo.policy_loss).
+    As in their sampler, Cold Stop may end thinking, and Dirichlet noise replaces p by its draw p' for all K draws:
+    the action too is then the first of K draws from p' (scored, like every candidate, under the policy's p)."""
     x = view.exploration
-    extra = view.draws.uniform(MULTIPLEX, x.multiplex_width - 1) if x.multiplex_width > 1 else \
-        torch.zeros(view.token.shape[0], 0, dtype=torch.float64, device=view.token.device)
-    cand_ids = multiplex_draws(view.probs, view.token, extra, x.multiplex_replacement)  # [B, K]
+    view = cold_stop(view)
+    probs, first = (view.probs, view.token) if x.dirichlet_alpha <= 0 else (dirichlet_probs(view), None)
+    uniforms = view.draws.uniform(MULTIPLEX, x.multiplex_width - (first is not None))  # [B, K - 1] or [B, K]
+    cand_ids = multiplex_draws(probs, first, uniforms, x.multiplex_replacement)  # [B, K]
     weights = torch.ones(cand_ids.shape, device=cand_ids.device) if x.multiplex_weights == "uniform" else \
-        view.probs.gather(-1, cand_ids).float()
-    return mix_where(view, cand_ids, weights / weights.sum(-1, keepdim=True), view.eligible)
+        probs.gather(-1, cand_ids).float()
+    if first is None:  # the action: the first draw from p' at a thinking step
+        view = replace(view, token=torch.where(view.eligible, cand_ids[:, 0], view.token))
+    mixture = mix_where(view, cand_ids, weights / weights.sum(-1, keepdim=True), view.eligible)
+    return replace(mixture, token=view.token if x.cold_stop_entropy > 0 or first is None else None)
 
 
 def explore_soft_grpo(view: StepView) -> Mixture:
@@ -315,7 +324,7 @@ def explore_soft_grpo(view: StepView) -> Mixture:
     x = view.exploration
     cand_ids, q = soft_candidates(view.probs, x.top_k)  # [B, K] each
     gumbel = (-(-view.draws.uniform(GUMBEL, x.top_k).log()).log()).float().clamp(-1.5, 3.0)
-    perturbed = (q + 1e-6).log() + gumbel  # [B, K]
+    perturbed = (q + 1e-6).log() + x.noise_factor * gumbel  # [B, K]
     mixture = mix_where(view, cand_ids, (perturbed / x.gumbel_temperature).softmax(-1), view.eligible)
     return replace(mixture, extra={"gumbel_logits": torch.where(view.eligible[:, None], perturbed, 0.0)})
 
@@ -453,7 +462,8 @@ class Field:
 # What every decode step records, whatever the strategy: rollout.Rollout's per-step tensors, [B, T] or [B, T, K].
 RECORD = (
     Field("response_ids", torch.long, pad=None),  # y, the sampled action
-    Field("logprobs", torch.float32, pad=0.0),  # log p(y) at the sampling temperature, after filtering
+    Field("logprobs", torch.float32, pad=0.0),  # log p(y) at the sampling temperature, after filtering (an action
+    # the strategy chose, Mixture.token: before filtering, as the replay scores it)
     Field("cand_ids", torch.long, pad=None, per_candidate=True),  # the fed input was sum_k w_k E[id_k]; a step
     Field("cand_weights", torch.float32, pad=0.0, per_candidate=True),  # not mixed holds [y, y, ..], [1, 0, ..]
     Field("mixed", torch.bool, pad=False),  # the step fed a mixture
@@ -505,7 +515,7 @@ NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.flo
 COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
 
 NO_COIN = ("none", "soft", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo")  # no mixing coin
-COLD_STOP = ("soft", "soft-gumbel")
+COLD_STOP = ("soft", "soft-gumbel", "multiplex")  # Cold Stop and Dirichlet noise
 
 # --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
 # own module), give Exploration the knobs it reads. The sampler, the engine and the replay do not change.
@@ -521,7 +531,8 @@ STRATEGIES: dict[str, Strategy] = {
                                  feed=noisy_mixture_inputs),
     "soft-gumbel": Strategy(explore_soft_gumbel, state=COLD_STOP_STATE),
     "mixinputs": Strategy(explore_mixinputs, candidates=lambda x: MIXINPUTS_CANDIDATES + 1),
-    "multiplex": Strategy(explore_multiplex, candidates=lambda x: x.multiplex_width, scores="cand_ids"),
+    "multiplex": Strategy(explore_multiplex, candidates=lambda x: x.multiplex_width, state=COLD_STOP_STATE,
+                          scores="cand_ids"),
     "soft-grpo": Strategy(explore_soft_grpo, record=(Field("gumbel_logits", torch.float32, pad=0.0,
                                                            per_candidate=True),),
                           scores="cand_ids", log_prob=soft_grpo_logprob),

@@ -37,7 +37,6 @@ from data import (
     describe_load_error,
     load_problems,
     load_tokenizer,
-    pad_id_of,
     tokenize_problems,
 )
 from engine.decoder import release_decoder
@@ -47,7 +46,7 @@ from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
 from reward import RewardPool, extract_answer
-from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate
+from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate, sampling_from_config
 from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
 from runtime.cli import parse_config
@@ -663,9 +662,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.save_json(out_dir / "config.json")
     tracker = Tracker(cfg.report_to if world.is_main else "", out_dir, config=asdict(cfg))  # only rank 0 reports
-    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
-                        max_new_tokens=cfg.max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
-                        pad_id=pad_id_of(tokenizer))
+    sampling = sampling_from_config(cfg, tokenizer)
     trainer = distributed.shard_model(policy, world)
     optimizer = torch.optim.AdamW([p for p in trainer.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)

@@ -1,5 +1,5 @@
 """Experiment tracking where users already look: TensorBoard and Weights & Biases (`--report-to`, TRL's name), and
-progress bars that also speak in a log file (`progress`).
+progress bars that also speak in a log file (`progress`), and a long evaluation's time to go, told once (`Pace`).
 
     tracker = Tracker("tensorboard,wandb", out_dir, config=asdict(cfg))
     tracker.log(metrics, step)            # every numeric field of a metrics.jsonl record
@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -202,3 +203,46 @@ def write_summary(out_dir: Path, summary: dict) -> None:
     tmp = Path(out_dir) / ".summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     os.replace(tmp, Path(out_dir) / "summary.json")
+
+
+@dataclass
+class Pace:
+    """How long the whole evaluation will take, told once (a --n of 100,000 would otherwise run for hours without
+    a word), when that is a minute or more: at the mean pace of the batches after the first (its warm-up is not
+    the pace), once 3 of them and 5 s or a tenth of the batches have run. One batch is no pace: a row that runs
+    to --max-new-tokens makes its batch many times as long as the others."""
+
+    rounds: int  # this rank's batches of the whole evaluation
+    samples: int
+    told: bool  # or not to be told (another rank, a validation)
+    start_s: float = field(default_factory=lambda: time.perf_counter())
+    done: int = 0
+    timed: int = 0
+    timed_s: float = 0.0
+    warmed_up: bool = False
+
+    def batch_done(self, seconds: float, *, generated: bool) -> None:
+        self.done += 1
+        if not generated:  # a batch --resume had already done, or another rank's last round
+            return
+        if not self.warmed_up:
+            self.warmed_up = True
+            return
+        self.timed, self.timed_s = self.timed + 1, self.timed_s + seconds
+        if self.told or self.timed < 3 or (self.timed_s < 5 and self.timed < self.rounds / 10):
+            return
+        self.told = True
+        elapsed_s = time.perf_counter() - self.start_s
+        left_s = self.timed_s / self.timed * (self.rounds - self.done)
+        if elapsed_s + left_s >= 60:
+            print(f"eval: {self.samples} samples in {self.rounds} batches, {self.done} done in {duration(elapsed_s)}; "
+                  f"at {self.timed_s / self.timed:.2f} s a batch about {duration(left_s)} to go, "
+                  f"{duration(elapsed_s + left_s)} in all (lower --n or --limit to shorten it)",
+                  file=sys.stderr, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """74 -> '1 min 14 s', 7200 -> '2.0 h'."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s" if seconds >= 60 else f"{seconds:.0f} s"

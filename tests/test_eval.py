@@ -327,6 +327,27 @@ def test_a_resume_under_another_instruction_is_refused_also_from_before_it_was_r
         E.claim_out_dir(tmp_path, settings, resume=True, overwrite=False)
 
 
+def test_a_resume_under_other_sampling_settings_is_refused_also_from_before_they_were_recorded(tmp_path):
+    """Every setting that shapes a sample counts (--min-p, the soft-token methods' knobs, the after-thinking
+    filters); a settings file from before they were recorded holds their defaults."""
+    args, cfg = E.parse_args(["--model", "tiny", "--explore", "soft", "--dirichlet-alpha", "2",
+                              "--after-thinking-top-k", "5", "--out-dir", str(tmp_path)])
+    settings = E.settings_of(args, cfg)
+    (tmp_path / "samples.jsonl").write_text("")
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    E.claim_out_dir(tmp_path, settings, resume=True, overwrite=False)
+    for name, value in (("dirichlet_alpha", 1.0), ("after_thinking_top_k", -1), ("min_p", 0.05)):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(data.DataError, match=f"{flag} {settings[name]!r} -> {value!r}"):
+            E.claim_out_dir(tmp_path, {**settings, name: value}, resume=True, overwrite=False)
+    old = {k: v for k, v in settings.items() if k not in ("min_p", "dirichlet_alpha", "after_thinking_top_k")}
+    (tmp_path / "settings.json").write_text(json.dumps(old))
+    E.claim_out_dir(tmp_path, {**settings, "dirichlet_alpha": 0.0, "after_thinking_top_k": -1}, resume=True,
+                    overwrite=False)
+    with pytest.raises(data.DataError, match=r"--dirichlet-alpha 0.0 -> 2.0"):
+        E.claim_out_dir(tmp_path, settings, resume=True, overwrite=False)
+
+
 def test_a_checkpoint_trained_on_another_instruction_gets_a_one_line_warning(tmp_path, capsys):
     import config
     import model as M

@@ -232,6 +232,30 @@ def test_multiplex_feeds_the_merge_of_k_tokens_drawn_from_p(weights, replacement
         assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum(w, drawn), abs=1e-5)
 
 
+@pytest.mark.parametrize("weights", ["uniform", "probs"])
+def test_multiplex_with_dirichlet_noise_draws_all_k_tokens_the_action_too_from_the_noisy_p(weights):
+    """Multiplex Thinking's sampler with Dirichlet noise: p' = g / sum g, g_v ~ Gamma(alpha p_v) (the row's DIRICHLET
+    uniforms), replaces p for the K draws, the first of which is the step's action (its K MULTIPLEX uniforms); the
+    merge is uniform or weighted by p' renormalised over the K."""
+    K, alpha, keys, positions = 3, 2.0, [7, 3, 12], [4, 0, 9]
+    x = Exploration("multiplex", multiplex_width=K, multiplex_weights=weights, dirichlet_alpha=alpha)
+    view = step_view(x, [0, 0, 0], tau=0.7, top_k=10, seed=5, keys=keys, positions=positions)
+    mixture = STRATEGIES["multiplex"].explore(view)
+    draws = RowDraws(5, torch.tensor(keys), torch.tensor(positions))
+    gamma_u = draws.uniform(DIRICHLET, (3 * GAMMA_TRIES + 1) * V)
+    uniforms = draws.uniform(MULTIPLEX, K)
+    for row in range(LOGITS.shape[0]):
+        p = [float(v) for v in view.probs[row].double()]
+        g = [gamma_by_hand(alpha * p[c], gamma_u[row, c::V].tolist()) for c in range(V)]
+        noisy = [v / sum(g) for v in g]
+        drawn = [inverse_cdf(noisy, float(uniforms[row, k])) for k in range(K)]
+        w = [1.0] * K if weights == "uniform" else [noisy[t] for t in drawn]
+        w = [v / sum(w) for v in w]
+        assert mixture.cand_ids[row].tolist() == drawn and int(mixture.token[row]) == drawn[0]
+        assert mixture.cand_weights[row].tolist() == pytest.approx(w, rel=1e-4, abs=1e-6)
+        assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum(w, drawn), abs=1e-5)
+
+
 def test_multiplex_draws_are_distributed_as_p():
     """Over 20,000 rows (their own keys) the extra draws of one step follow p: each token's frequency within 5
     standard errors of its probability."""
@@ -289,11 +313,12 @@ def test_the_joint_loss_and_its_gradient_equal_the_released_multiplex_loss():
 # ----------------------------------------------------------------------------- SofT-GRPO
 
 
-@pytest.mark.parametrize("tau_g", [0.1, 1.0])
-def test_soft_grpo_feeds_the_gumbel_softmax_of_clamped_gumbels_and_records_the_perturbed_logits(tau_g):
+@pytest.mark.parametrize("tau_g, factor", [(0.1, 1.0), (1.0, 1.0), (0.5, 0.3)])
+def test_soft_grpo_feeds_the_gumbel_softmax_of_clamped_gumbels_and_records_the_perturbed_logits(tau_g, factor):
     """SofT-GRPO (arXiv 2511.06411, its sglang sampler's add_noise_gumbel_softmax): q = p renormalised over its top k,
-    g' = log(q + 1e-6) + clamp(-log(-log u), -1.5, 3) at the row's GUMBEL uniforms, fed sum softmax(g' / tau_g) E."""
-    x = Exploration("soft-grpo", top_k=5, gumbel_temperature=tau_g)
+    g' = log(q + 1e-6) + f clamp(-log(-log u), -1.5, 3) at the row's GUMBEL uniforms (f: its noise_factor), fed
+    sum softmax(g' / tau_g) E."""
+    x = Exploration("soft-grpo", top_k=5, gumbel_temperature=tau_g, noise_factor=factor)
     view = step_view(x, [0, 1, 2], tau=0.8, seed=3, keys=[4, 5, 6], positions=[2, 0, 9])
     mixture = STRATEGIES["soft-grpo"].explore(view)
     uniforms = view.draws.uniform(GUMBEL, 5)
@@ -301,7 +326,7 @@ def test_soft_grpo_feeds_the_gumbel_softmax_of_clamped_gumbels_and_records_the_p
         p = softmax([float(z) / 0.8 for z in LOGITS[row]])
         top = ranked(p)[:5]
         q = [p[c] / sum(p[c] for c in top) for c in top]
-        perturbed = [math.log(v + 1e-6) + min(3.0, max(-1.5, -math.log(-math.log(float(u)))))
+        perturbed = [math.log(v + 1e-6) + factor * min(3.0, max(-1.5, -math.log(-math.log(float(u)))))
                      for v, u in zip(q, uniforms[row])]
         w = softmax([g / tau_g for g in perturbed])
         assert mixture.cand_ids[row].tolist() == top
@@ -400,12 +425,12 @@ def scripted_logits(codes: torch.Tensor) -> torch.Tensor:
     return torch.stack([flat, low, end])[codes]
 
 
-@pytest.mark.parametrize("strategy", ["soft", "soft-gumbel"])
+@pytest.mark.parametrize("strategy", ["soft", "soft-gumbel", "multiplex"])
 @pytest.mark.parametrize("slots", [1, 2, 6])
 def test_cold_stop_ends_thinking_where_the_entropy_stayed_low_for_n_steps(cold_model, monkeypatch, strategy, slots):
     """The model's logits replaced by each row's script at its response position (the sampler reads them through
-    the engine's slots, refill and step ring): the N-th low-entropy step in a row emits </think>, fed unmixed;
-    every thinking step before it is mixed, none after."""
+    the engine's slots, refill and step ring): the N-th low-entropy step in a row emits </think>, fed unmixed and
+    recorded with its log-prob before filtering; every thinking step before it is mixed, none after."""
     T = 16
     codes = torch.tensor([script + [FLAT] * (T - len(script)) for script, _, _ in SCRIPTS])  # [rows, T]
     real_call = rollout.Sampler.__call__
@@ -416,8 +441,9 @@ def test_cold_stop_ends_thinking_where_the_entropy_stayed_low_for_n_steps(cold_m
 
     monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
     x = Exploration(strategy, top_k=3, stop_mixing_id=THINK_END, cold_stop_entropy=0.5, cold_stop_steps=N_LOW)
-    result = generate(cold_model, [[1, 2, 3]] * len(SCRIPTS), Sampling(temperature=1.0, max_new_tokens=T,
-                                                                       stop_ids=(EOS,)), x, seed=3, slots=slots)
+    sampling = Sampling(temperature=1.0, max_new_tokens=T, stop_ids=(EOS,), min_p=0.1)  # min-p removes </think>
+    result = generate(cold_model, [[1, 2, 3]] * len(SCRIPTS), sampling, x, seed=3, slots=slots)
+    forced = scripted_logits(torch.tensor([LOW]))[0].log_softmax(-1)[THINK_END]  # unfiltered, as the replay scores
     for row, (script, stop, length) in enumerate(SCRIPTS):
         ids = result.response_ids[row, :length].tolist()
         assert int(result.lengths[row]) == length and ids[-1] == EOS, (row, ids)
@@ -426,7 +452,52 @@ def test_cold_stop_ends_thinking_where_the_entropy_stayed_low_for_n_steps(cold_m
         assert result.mixed[row, :length].tolist() == [t < thinking for t in range(length)], row
         if stop is not None:
             assert result.cand_ids[row, stop, 0] == THINK_END and result.cand_weights[row, stop, 0] == 1.0
-            assert math.isfinite(float(result.logprobs[row, stop]))
+            assert float(result.logprobs[row, stop]) == pytest.approx(float(forced), rel=1e-6)
+
+
+THINK_AT = [2, 5, 0, 9, None, 3]  # the response position each row is sure of </think> (None: never)
+
+
+@pytest.mark.parametrize("slots", [2, 6])
+def test_after_thinking_rows_sample_with_the_after_thinking_filters(cold_model, monkeypatch, slots):
+    """Soft Thinking's after_thinking_top_k / _top_p (its sglang sampler switches them per row once </think> is
+    sampled): each row's logits scripted (graded over the vocabulary, and sure of </think> at its step); at and
+    before that step the row samples from p unfiltered, after it from p cut to its top 4 and then to the 0.6 nucleus.
+    Each recorded log-prob is the log of that brute-force p at its token."""
+    T = 12
+    graded = [-0.15 * v for v in range(64)]
+    graded[THINK_END] = graded[EOS] = -1e4
+    think = [0.0] * 64
+    think[THINK_END], think[EOS] = 30.0, -1e4
+    real_call = rollout.Sampler.__call__
+
+    def scripted(self, logits, state, live, backend=None):
+        at = torch.tensor([-1 if t is None else t for t in THINK_AT])[state.key.clamp(0, len(THINK_AT) - 1)]
+        return real_call(self, torch.tensor([graded, think])[(state.length == at).long()], state, live, backend)
+
+    monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
+    sampling = Sampling(temperature=1.0, max_new_tokens=T, stop_ids=(EOS,), after_thinking_top_k=4,
+                        after_thinking_top_p=0.6)
+    result = generate(cold_model, [[1, 2, 3]] * len(THINK_AT), sampling,
+                      Exploration("soft", top_k=3, stop_mixing_id=THINK_END), seed=3, slots=slots)
+    p = softmax(graded)
+    top = softmax(graded[:4])  # the after-thinking top 4 (tokens 0-3), then the nucleus: keep while the mass
+    kept = [t for t in range(4) if sum(top[:t]) < 0.6]  # above a token is under 0.6
+    after = {t: top[t] / sum(top[c] for c in kept) for t in kept}
+    thinking_tokens = []
+    for row, at in enumerate(THINK_AT):
+        ids, logprobs = result.response_ids[row].tolist(), result.logprobs[row].tolist()
+        assert len(ids) == T and [t for t, y in enumerate(ids) if y == THINK_END] == ([] if at is None else [at])
+        for t, (y, logprob) in enumerate(zip(ids, logprobs)):
+            if at is not None and t > at:
+                assert y in after, (row, t, y)
+                assert logprob == pytest.approx(math.log(after[y]), abs=1e-5)
+            elif t != at:
+                thinking_tokens.append(y)
+                assert logprob == pytest.approx(math.log(p[y]), abs=1e-5)
+    assert len(kept) == 3 and max(thinking_tokens) > 3  # thinking drew tokens the after-thinking filters remove
+    with pytest.raises(ValueError, match="after_thinking"):
+        generate(cold_model, [[1, 2, 3]], sampling, Exploration("soft", top_k=3))
 
 
 def test_cold_stop_needs_the_token_it_forces():
@@ -459,9 +530,11 @@ def read_metrics(run_dir) -> list[dict]:
                                    dict(explore="soft-gumbel", dirichlet_alpha=5.0, **COLD_STOP),
                                    dict(explore="multiplex"),
                                    dict(explore="multiplex", multiplex_weights="probs", multiplex_replacement=False),
-                                   dict(explore="soft-grpo", kl_coef=0.01)],
+                                   dict(explore="multiplex", dirichlet_alpha=1.0, **COLD_STOP),
+                                   dict(explore="soft-grpo", kl_coef=0.01, noise_factor=0.5)],
                          ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
-                              "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct", "soft-grpo"])
+                              "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct",
+                              "multiplex-dirichlet-cold-stop", "soft-grpo"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
