@@ -65,6 +65,50 @@ def test_graphed_decode_equals_the_eager_decode(models, dtype):
     assert (graphed.logprobs - eager.logprobs).abs().max() < 1e-5
 
 
+THINK_END = 7  # stands for </think>: Cold Stop forces it, and the after-thinking filters switch after it
+COLD_STOP = dict(cold_stop_entropy=10.0, cold_stop_steps=5, stop_mixing_id=THINK_END)  # over log V: ends at step 5
+# Every strategy with the knobs that keep per-row state or take draws on: Cold Stop's counter (through refill and the
+# graph), Dirichlet draws, the after-thinking filters' per-row switch.
+EVERY_STRATEGY = {
+    "none": (Exploration("none"), {}),
+    "neighbor": (Exploration("neighbor", mix_rate=0.3, num_neighbors=2), {}),
+    "soft": (Exploration("soft", top_k=4, dirichlet_alpha=1.0, **COLD_STOP), dict(min_p=0.01, after_thinking_top_k=20)),
+    "gaussian": (Exploration("gaussian", top_k=4, mix_rate=0.3), {}),
+    "topk": (Exploration("topk", top_k=4, mix_rate=0.3), {}),
+    "topk-gumbel": (Exploration("topk-gumbel", top_k=4, mix_rate=0.3), {}),
+    "gaussian_embed_noise": (Exploration("gaussian_embed_noise", top_k=4, mix_rate=0.3), {}),
+    "orthogonal_noise": (Exploration("orthogonal_noise", top_k=4, mix_rate=0.3), {}),
+    "soft-gumbel": (Exploration("soft-gumbel", top_k=4, **COLD_STOP), dict(after_thinking_top_p=0.9)),
+    "mixinputs": (Exploration("mixinputs", mixinputs_beta=2.0), {}),
+    "multiplex": (Exploration("multiplex", multiplex_width=3, multiplex_weights="probs", dirichlet_alpha=1.0,
+                              **COLD_STOP), {}),
+    "soft-grpo": (Exploration("soft-grpo", top_k=5, gumbel_temperature=0.1, noise_factor=0.5), dict(top_k=5)),
+}
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
+def test_every_strategys_graphed_step_equals_its_eager_step(models, strategy):
+    """Each strategy's step replayed from CUDA graphs records what the eager step records (two slots for five rows:
+    refill; windows past 64: several graphs), Cold Stop's </think> included."""
+    ours = models[1]
+    exploration, settings = EVERY_STRATEGY[strategy]
+    exploration = replace(exploration, stop_mixing_id=THINK_END)  # the after-thinking filters switch after it
+    sampling = Sampling(temperature=0.8, max_new_tokens=80, stop_ids=tuple(range(0, V, 50)), **settings)
+    table = build_neighbor_table(ours.output_weight, 2)
+    graphed, eager = (generate(ours, PROMPTS, sampling, exploration, neighbor_table=table, seed=3, slots=2,
+                               cuda_graph=graph) for graph in (True, False))
+    assert graphed.strategy == strategy and (strategy == "none" or graphed.mixed.any())
+    if exploration.cold_stop_entropy:
+        assert (graphed.response_ids == THINK_END).any()
+    for name, value in graphed.steps.items():
+        if value.dtype.is_floating_point:
+            assert (value - eager.steps[name]).abs().max() < 1e-5, name
+        else:
+            assert torch.equal(value, eager.steps[name]), name
+    assert torch.equal(graphed.lengths, eager.lengths)
+
+
 @torch.no_grad()
 def test_graphed_greedy_equals_argmax_of_transformers_full_forwards(models):
     hf, ours = models
@@ -77,15 +121,18 @@ def test_graphed_greedy_equals_argmax_of_transformers_full_forwards(models):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("strategy", ["neighbor", "soft", "topk-gumbel", "orthogonal_noise"])
+@pytest.mark.parametrize("strategy", [name for name in EVERY_STRATEGY  # gaussian's noise is fed, never replayed
+                                      if name not in ("none", "gaussian", "gaussian_embed_noise")])
 def test_replay_on_the_gpu_reproduces_the_sampling_logprobs(models, strategy):
     """What training replays (replay.sequence_logprobs over the recorded mixtures, and noise redrawn from its
-    keys) is what the graphed sampler saw, at the sampling temperature."""
+    keys) is what the graphed sampler saw, at the sampling temperature (unfiltered: the filters are off here)."""
     _, ours = models
-    table = build_neighbor_table(ours.output_weight, 1)
+    exploration, _ = EVERY_STRATEGY[strategy]
+    table = build_neighbor_table(ours.output_weight, 2)
     rollout = generate(ours, PROMPTS, Sampling(temperature=0.7, max_new_tokens=24),
-                       Exploration(strategy, mix_rate=0.5, top_k=4), neighbor_table=table, seed=5)
+                       replace(exploration, stop_mixing_id=THINK_END), neighbor_table=table, seed=5)
     logp, _ = sequence_logprobs(ours, rollout, temperature=0.7)
+    logp = logp[..., 0] if logp.dim() == 3 else logp  # a strategy scoring its candidates: log p(y) first
     mask = rollout.response_mask()
     assert rollout.mixed.any()
     assert (logp - rollout.logprobs)[mask].abs().max() < 1e-4
