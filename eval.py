@@ -403,8 +403,8 @@ EVAL_HELP = {
     "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): neighbor = "
                "N-GRPO's neighbor mixing, soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures, "
                "soft-gumbel = Randomized Soft Thinking, mixinputs = Mixture of Inputs, multiplex = Multiplex "
-               "Thinking's K sampled tokens merged, and the released code's "
-               "topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
+               "Thinking's K sampled tokens merged, soft-grpo = SofT-GRPO's Gumbel-softmax soft tokens, and the "
+               "released code's topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
     "the run": "the evaluation",
     "seed": "seed of the samples' draws (each sample's draws depend on the seed, its benchmark, problem and "
             "sample number only)",

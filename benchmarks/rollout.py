@@ -37,7 +37,7 @@ from engine.draws import TOKEN, RowDraws
 from model import random_model
 from neighbors import build_neighbor_table
 from rollout import Exploration, Sampler, Sampling, generate, sample_tokens
-from strategies import mixed_embeddings
+from strategies import STRATEGIES, mixed_embeddings
 
 
 def bench_rollout(args: argparse.Namespace) -> None:
@@ -53,7 +53,7 @@ def bench_rollout(args: argparse.Namespace) -> None:
 
     cuda_graph = device.type == "cuda" and args.cuda_graph
 
-    def ours(explore):
+    def ours(explore):  # no stop-mixing token: a soft-token strategy mixes every step, its most costly case
         exploration = Exploration(explore, mix_rate=0.1)
         return lambda: generate(model, prompts.tolist(), sampling, exploration, neighbor_table=table,
                                 seed=0, cuda_graph=cuda_graph)
@@ -63,7 +63,7 @@ def bench_rollout(args: argparse.Namespace) -> None:
         return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
                              top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
 
-    runs = [("ours", "none", ours("none")), ("ours", "neighbor", ours("neighbor")), ("transformers", "none", theirs)]
+    runs = [*(("ours", explore, ours(explore)) for explore in args.explore), ("transformers", "none", theirs)]
     seconds = {impl_explore: [] for impl_explore in [(impl, explore) for impl, explore, _ in runs]}
     peak = {}
     for impl, explore, run in runs:
@@ -275,6 +275,9 @@ def add_parser(subparsers) -> None:
     rollout.add_argument("--prompt-len", type=at_least_1, default=32, help="tokens per prompt")
     rollout.add_argument("--new-tokens", type=at_least_1, default=128,
                          help="tokens generated per prompt (no early stop)")
+    rollout.add_argument("--explore", nargs="+", choices=list(STRATEGIES), default=["none", "neighbor"],
+                         help="our sampler's strategies, each timed beside transformers' plain sampling (every "
+                              "soft-token one: none neighbor soft soft-gumbel mixinputs multiplex soft-grpo)")
     rollout.add_argument("--repeats", type=at_least_1, default=None,
                          help="timed runs per configuration, median reported (default: 15; --long-tail: 1)")
     rollout.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
