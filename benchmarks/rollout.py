@@ -63,7 +63,8 @@ def bench_rollout(args: argparse.Namespace) -> None:
         return twin.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
                              top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
 
-    runs = [*(("ours", explore, ours(explore)) for explore in args.explore), ("transformers", "none", theirs)]
+    runs = [*(("ours", explore, ours(explore)) for explore in args.explore),
+            *([("transformers", "none", theirs)] if args.transformers else [])]
     seconds = {impl_explore: [] for impl_explore in [(impl, explore) for impl, explore, _ in runs]}
     peak = {}
     for impl, explore, run in runs:
@@ -278,6 +279,8 @@ def add_parser(subparsers) -> None:
     rollout.add_argument("--explore", nargs="+", choices=list(STRATEGIES), default=["none", "neighbor"],
                          help="our sampler's strategies, each timed beside transformers' plain sampling (every "
                               "soft-token one: none neighbor soft soft-gumbel mixinputs multiplex soft-grpo)")
+    rollout.add_argument("--no-transformers", dest="transformers", action="store_false",
+                         help="time our sampler alone (the strategies against each other)")
     rollout.add_argument("--repeats", type=at_least_1, default=None,
                          help="timed runs per configuration, median reported (default: 15; --long-tail: 1)")
     rollout.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
