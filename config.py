@@ -205,6 +205,8 @@ class Config:
                                      "--micro-batch-size: rows sorted by length, grouped so that rows x padded "
                                      "length (prompt + response) <= N; same gradient, less padding "
                                      "(docs/micro-batches.md). 0 = fixed rows")
+    pack: bool = option(False, "lay each micro-batch's rows end to end as one sequence (RoPE restarting per row, "
+                        "attention within each row): no padded position is computed; the same gradient")
 
     # --- the GRPO family (docs/algorithm.md): NGRPO's calibrated advantages, DAPO's sampling and shaping
     adv_estimator: str = option("grpo", "each response's advantage from its group's rewards (docs/estimators.md): "

@@ -186,9 +186,11 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Grouped-query attention. q [B, H, T, D]; k, v [B, Hkv, S, D]; mask None (causal, T == S) or bool
-    [B, 1, T, S] (True = may attend). Returns [B, H, T, D]."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """Grouped-query attention. q [B, H, T, D]; k, v [B, Hkv, S, D]; mask None (causal, T == S), bool
+    [B, 1, T, S] (True = may attend), or a packed sequence's attention (engine.packing). Returns [B, H, T, D]."""
+    if callable(mask):
+        return mask(q, k, v)
     B, H, T, D = q.shape
     groups = H // k.shape[1]
     if mask is None:
@@ -345,6 +347,7 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         cache_pos: int | torch.Tensor = 0,
         window: int | None = None,
+        attention=None,
     ) -> torch.Tensor:
         """Final-norm hidden states [B, T, d], for callers that project to the vocabulary in chunks.
 
@@ -359,6 +362,7 @@ class Transformer(nn.Module):
         cache_pos [B] (per-row slots, no attention_mask): row b writes at cache_pos[b].. and attends to its
             slots 0..cache_pos[b]+t, all real (rows are not padded), within the first `window` slots
             (default max_len): a caller that knows every row's position is below W reads only W slots.
+        attention: a packed sequence's attention (engine.packing.RowAttention, with its positions) for the causal.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -366,7 +370,7 @@ class Transformer(nn.Module):
         B, T, _ = x.shape
         device = x.device
         slots = cache_pos + torch.arange(T, device=device)  # [T] cache slot (or sequence index) of each input
-        mask = None  # None = plain causal over the T inputs: the fast path for full-sequence training
+        mask = attention  # None = plain causal over the T inputs: the fast path for full-sequence training
         prefill = cache is not None and attention_mask is None and isinstance(cache_pos, int) and cache_pos == 0
         if torch.is_tensor(cache_pos) and cache_pos.dim() == 1:  # per-row slots [B]
             if attention_mask is not None:
@@ -395,7 +399,7 @@ class Transformer(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq(device)  # [B, T, D/2]
         freqs = torch.cat((freqs, freqs), dim=-1)
         cos, sin = freqs.cos(), freqs.sin()
-        for i, layer in enumerate(self.compiled_layers or self.layers):
+        for i, layer in enumerate(self.layers if attention else self.compiled_layers or self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, mask, kv, slots, window, use_reentrant=False)

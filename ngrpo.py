@@ -441,7 +441,7 @@ def replay(model, rollout, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     temperature."""
     with distributed.autocast(distributed.device_of(model)):
         return distributed.run_model(model, sequence_logprobs, rollout, temperature=cfg.temperature,
-                                     chunk_tokens=cfg.logprob_chunk_tokens)
+                                     chunk_tokens=cfg.logprob_chunk_tokens, packed=cfg.pack)
 
 
 @torch.no_grad()

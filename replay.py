@@ -21,6 +21,7 @@ The log-probs and entropies come from hidden states a chunk of positions at a ti
 import torch
 
 from engine.logprobs import token_logprobs
+from engine.packing import packed_hidden
 from rollout import Rollout
 from strategies import STRATEGIES
 
@@ -57,14 +58,18 @@ def replay_inputs(embed_weight: torch.Tensor, rollout: Rollout) -> tuple[torch.T
     return STRATEGIES[rollout.strategy].feed(embed_weight, steps), pred_pos
 
 
-def sequence_logprobs(model, rollout: Rollout, *, temperature: float = 1.0,
-                      chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprobs(model, rollout: Rollout, *, temperature: float = 1.0, chunk_tokens: int = 1024,
+                      packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Replays rollout rows through `model` and returns (log p of each response token, entropy), [B, T] each, both
     with their gradients; positions past a row's length hold values that the response mask ignores. A strategy
     that scores its candidates (Strategy.scores: Multiplex Thinking, SofT-GRPO) gets [B, T, 1 + K]: log p(y), then
-    log p of each candidate."""
+    log p of each candidate. packed: the rows end to end, no padded position computed (engine/packing.py)."""
     inputs, pred_pos = replay_inputs(model.embed_tokens.weight, rollout)
-    hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
+    if packed:
+        lengths = [len(p) + n - 1 for p, n in zip(rollout.prompts, rollout.lengths.tolist())]
+        hidden = packed_hidden(model, inputs, lengths)
+    else:
+        hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
     hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
     labels = rollout.response_ids
     if STRATEGIES[rollout.strategy].scores == "cand_ids":  # [B, T, 1 + K]: the action, then every candidate

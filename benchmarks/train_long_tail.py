@@ -1,12 +1,13 @@
 """`python bench.py train --long-tail`: one whole update (ngrpo.update: reference and old-policy replays,
 two optimizer steps) on rows with the rollout bench's long-tailed response lengths, with fixed-row
-micro-batches (--micro-batch-size) against micro-batches by token budget (--micro-batch-tokens, ngrpo.micro_batches):
-wall time (and CPU time: other users of a shared machine inflate wall time more), the fraction of replayed
-positions that are padding, peak memory, and the speedup.
+micro-batches (--micro-batch-size) against micro-batches by token budget (--micro-batch-tokens, ngrpo.micro_batches)
+and the same token-budget micro-batches packed (--pack, engine/packing.py): wall time (and CPU time: other users of
+a shared machine inflate wall time more), the fraction of replayed positions that are padding, peak memory, and the
+speedups.
 
-Each update runs in a fresh process (peak RSS only grows within one), the two kinds alternating (A B B A
-...) so that a change in the machine's load hits both alike; each child saves its weights, and the parent
-checks that both kinds end with the same weights and metrics."""
+Each update runs in a fresh process (peak RSS only grows within one), the kinds alternating (A B C C B A
+...) so that a change in the machine's load hits all alike; each child saves its weights, and the parent
+checks that every kind ends with the fixed rows' weights and metrics."""
 
 import argparse
 import copy
@@ -27,7 +28,7 @@ from config import Config
 from ngrpo import micro_batches, replay_tokens, update
 from rollout import Rollout
 
-KINDS = ("fixed-rows", "token-budget")
+KINDS = ("fixed-rows", "token-budget", "packed")
 REPEATS = 2  # updates of each kind when --repeats is not given (an update at 2,048 tokens takes a minute on a CPU)
 
 
@@ -53,7 +54,7 @@ def long_tail_rollout(args, vocab: int):
 def update_config(args, kind: str):
     return Config(group_size=4, prompts_per_step=args.rows // 4, mini_batch_prompts=args.rows // 8,
                   max_new_tokens=args.new_tokens, kl_coef=0.01, lr=1e-5, micro_batch_size=args.micro_batch_size,
-                  micro_batch_tokens=args.micro_batch_tokens if kind == "token-budget" else 0)
+                  micro_batch_tokens=args.micro_batch_tokens if kind != "fixed-rows" else 0, pack=kind == "packed")
 
 
 def padded_fraction(rollout, cfg) -> float:
@@ -68,7 +69,7 @@ def padded_fraction(rollout, cfg) -> float:
     parts = [positions(rollout)] * 2 + [positions(rollout.select(slice(s, s + per_minibatch)))
                                         for s in range(0, len(rollout.prompts), per_minibatch)]
     computed, real = sum(p[0] for p in parts), sum(p[1] for p in parts)
-    return 1 - real / computed
+    return 0.0 if cfg.pack else 1 - real / computed  # packed: the real positions alone
 
 
 def one_update(args) -> None:
@@ -120,10 +121,11 @@ def bench_train_long_tail(args: argparse.Namespace) -> None:
                 runs[kind].append(run_child(args, kind, Path(tmp) / f"{kind}.pt"))
                 note(f"train --long-tail: {kind} {runs[kind][-1]['seconds']:.1f} s (load {loads[-1]:.1f})")
         weights = {kind: torch.load(Path(tmp) / f"{kind}.pt") for kind in KINDS}
-    weight_diff = max(float((weights[KINDS[0]][n] - weights[KINDS[1]][n]).abs().max()) for n in weights[KINDS[0]])
+    weight_diff = max(float((weights[KINDS[0]][n] - weights[kind][n]).abs().max())
+                      for kind in KINDS[1:] for n in weights[KINDS[0]])
     first = {kind: runs[kind][0]["metrics"] for kind in KINDS}
-    metric_diff = max(abs(first[KINDS[0]][k] - first[KINDS[1]][k]) / max(abs(first[KINDS[0]][k]), 1e-6)
-                      for k in first[KINDS[0]])
+    metric_diff = max(abs(first[KINDS[0]][k] - first[kind][k]) / max(abs(first[KINDS[0]][k]), 1e-6)
+                      for kind in KINDS[1:] for k in first[KINDS[0]])
     median = {kind: statistics.median(r["seconds"] for r in runs[kind]) for kind in KINDS}
     cpu = {kind: statistics.median(r["cpu_seconds"] for r in runs[kind]) for kind in KINDS}
     shape = {"rows": args.rows, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "vocab": args.vocab,
@@ -131,13 +133,15 @@ def bench_train_long_tail(args: argparse.Namespace) -> None:
     for kind in KINDS:
         emit({"bench": "train_long_tail", "kind": kind, **shape,
               "micro_batch_size" if kind == "fixed-rows" else "micro_batch_tokens":
-                  args.micro_batch_size if kind == "fixed-rows" else args.micro_batch_tokens,
+                  args.micro_batch_size if kind == "fixed-rows" else args.micro_batch_tokens, "pack": kind == "packed",
               "median_s": round(median[kind], 2), "runs_s": [round(r["seconds"], 2) for r in runs[kind]],
               "cpu_s": [round(r["cpu_seconds"], 2) for r in runs[kind]],
               "padded_frac": round(runs[kind][0]["padded_frac"], 3),
               "peak_mem_mb": max(r["peak_mem_mb"] for r in runs[kind])})
     emit({"bench": "train_long_tail", **shape, "speedup": round(median["fixed-rows"] / median["token-budget"], 2),
           "cpu_speedup": round(cpu["fixed-rows"] / cpu["token-budget"], 2),
+          "packed_over_token_budget": round(median["token-budget"] / median["packed"], 2),
+          "packed_over_token_budget_cpu": round(cpu["token-budget"] / cpu["packed"], 2),
           "weights_max_abs_diff": weight_diff, "metrics_max_rel_diff": metric_diff,
           "load_1min": [round(x, 2) for x in loads]})
 
@@ -145,7 +149,7 @@ def bench_train_long_tail(args: argparse.Namespace) -> None:
 def add_arguments(train) -> None:
     """The --long-tail flags of `bench.py train`."""
     train.add_argument("--long-tail", action="store_true", help="one update at long-tailed response lengths: "
-                       "fixed-row vs token-budget micro-batches (benchmarks/train_long_tail.py)")
+                       "fixed-row vs token-budget micro-batches vs packed ones (benchmarks/train_long_tail.py)")
     train.add_argument("--rows", type=at_least_1, default=32, help="--long-tail: rows of the update (prompts x 4)")
     train.add_argument("--new-tokens", type=at_least_1, default=2048, help="--long-tail: the response length limit")
     train.add_argument("--prompt-len", type=at_least_1, default=64, help="--long-tail: the longest prompt (from 16)")

@@ -1,6 +1,7 @@
 """Micro-batches by token budget (ngrpo.py, --micro-batch-tokens): every row replayed once, within the
 budget, ranks balanced and making the same number of calls; and the same gradient, metrics, replayed
-log-probs and weights as fixed-row micro-batches (the reference: the whole mini-batch in one forward)."""
+log-probs and weights as fixed-row micro-batches (the reference: the whole mini-batch in one forward); packed
+micro-batches (--pack, engine/packing.py) too."""
 
 import copy
 import dataclasses
@@ -131,11 +132,12 @@ def test_fixed_row_gradient_equals_the_whole_mini_batch_gradient(tiny, loss_agg,
 
 
 def test_update_with_a_token_budget_gives_the_same_weights_and_metrics(tiny):
-    """ngrpo.update end to end: reference replay, two mini-batches (so the old policy is replayed too), AdamW."""
+    """ngrpo.update end to end: reference replay, two mini-batches (so the old policy is replayed too), AdamW; and the
+    same with packed micro-batches."""
     model, rollout = tiny
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0])
     results, weights = [], []
-    for overrides in (dict(micro_batch_size=3), dict(micro_batch_tokens=40)):
+    for overrides in (dict(micro_batch_size=3), dict(micro_batch_tokens=40), dict(micro_batch_tokens=40, pack=True)):
         policy = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
         config = cfg(group_size=4, prompts_per_step=2, mini_batch_prompts=1, **overrides)
@@ -143,11 +145,49 @@ def test_update_with_a_token_budget_gives_the_same_weights_and_metrics(tiny):
         assert not skipped
         results.append(result)
         weights.append(dict(policy.named_parameters()))
-    assert results[0].keys() == results[1].keys()
-    for key, value in results[0].items():
-        assert results[1][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    for name, weight in weights[0].items():
-        assert float((weights[1][name] - weight).detach().abs().max()) < 1e-5, name
+    for result, weight_set in zip(results[1:], weights[1:]):
+        assert results[0].keys() == result.keys()
+        for key, value in results[0].items():
+            assert result[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        for name, weight in weights[0].items():
+            assert float((weight_set[name] - weight).detach().abs().max()) < 1e-5, name
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_packed_micro_batches_give_the_padded_gradient_and_metrics(tiny, loss_agg):
+    """--pack: each micro-batch's rows end to end (engine/packing.py), against the whole mini-batch padded in one
+    forward: the same gradient (policy, KL and entropy terms) and metrics, under fixed rows and a token budget."""
+    model, rollout = tiny
+    episodes = episodes_of(rollout)
+    config = cfg(loss_agg=loss_agg, entropy_coef=0.01)
+    reference, expected = gradient(model, episodes, dataclasses.replace(config, micro_batch_size=len(PROMPTS)))
+    for overrides in (dict(micro_batch_size=len(PROMPTS)), dict(micro_batch_size=3), dict(micro_batch_tokens=40)):
+        metrics, grads = gradient(model, episodes, dataclasses.replace(config, pack=True, **overrides))
+        assert_same_gradient(grads, expected)
+        for key, value in reference.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (overrides, key)
+
+
+def test_a_packed_replay_computes_no_padded_position_and_scores_like_the_padded_one(tiny, monkeypatch):
+    """The packed forward sees the rows' real positions only (prompt + response - 1 each), as one [1, N] sequence
+    whose RoPE positions restart per row; its log-probs and entropies equal the padded replay's."""
+    model, rollout = tiny
+    shapes = []
+    real_forward = M.Transformer.forward_hidden
+
+    def seen(self, *args, **kwargs):
+        shapes.append((kwargs["inputs_embeds"].shape[:2], kwargs.get("positions")))
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(M.Transformer, "forward_hidden", seen)
+    padded = ngrpo.replay_logprobs(model, rollout, cfg(micro_batch_size=len(PROMPTS)), entropy=True)
+    packed = ngrpo.replay_logprobs(model, rollout, cfg(micro_batch_size=len(PROMPTS), pack=True), entropy=True)
+    lengths = [len(p) + n - 1 for p, n in zip(PROMPTS, rollout.lengths.tolist())]
+    assert shapes[1][0] == (1, sum(lengths)) and sum(lengths) < shapes[0][0].numel()
+    assert shapes[1][1][0].tolist() == [t for n in lengths for t in range(n)]
+    mask = rollout.response_mask()
+    for got, expected in zip(packed, padded):
+        assert (got - expected)[mask].abs().max() < 1e-5
 
 
 def fewest_runs_then_least_padding(tokens: list[int], budget: int) -> tuple[int, int]:
