@@ -1,5 +1,5 @@
-"""The update benchmarks: `bench.py train --long-tail` at a tiny shape (both kinds run, agree, and the budget
-pads less) and on its defaults, and `bench.py trl` skipping with a message when TRL is not installed."""
+"""The update benchmarks: `bench.py train --long-tail` at a tiny shape (the three kinds run and agree, the budget
+pads less, packing not at all) and on its defaults, and `bench.py trl` skipping with a message when TRL is not installed."""
 
 import argparse
 import json
@@ -17,16 +17,17 @@ from benchmarks import trl as trl_bench
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_long_tail_update_bench_reports_both_kinds_with_the_same_weights():
+def test_long_tail_update_bench_reports_every_kind_with_the_same_weights():
     done = preloaded.run([sys.executable, str(ROOT / "bench.py"), "train", "--long-tail", "--rows", "8",
                            "--new-tokens", "48", "--prompt-len", "20", "--repeats", "1"],
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    fixed, budget, summary = [json.loads(line) for line in done.stdout.splitlines()]
-    assert (fixed["kind"], budget["kind"]) == ("fixed-rows", "token-budget")
-    assert budget["micro_batch_tokens"] == 4 * (20 + 48 - 1)  # the fixed rows' worst case
-    assert budget["padded_frac"] < fixed["padded_frac"]
-    assert summary["speedup"] > 0 and summary["weights_max_abs_diff"] < 1e-5
+    fixed, budget, packed, summary = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (fixed["kind"], budget["kind"], packed["kind"]) == ("fixed-rows", "token-budget", "packed")
+    assert budget["micro_batch_tokens"] == packed["micro_batch_tokens"] == 4 * (20 + 48 - 1)  # the fixed rows' worst
+    assert 0 == packed["padded_frac"] < budget["padded_frac"] < fixed["padded_frac"]
+    assert summary["speedup"] > 0 and summary["packed_over_token_budget"] > 0
+    assert summary["weights_max_abs_diff"] < 1e-5
     assert summary["metrics_max_rel_diff"] < 1e-4
 
 
@@ -45,7 +46,7 @@ def test_long_tail_update_bench_runs_on_the_defaults_of_bench_train(monkeypatch,
 
     monkeypatch.setattr(train_long_tail, "run_child", update)
     args.run(args)
-    assert kinds == ["fixed-rows", "token-budget", "token-budget", "fixed-rows"]  # 2 each, alternating
+    assert kinds == ["fixed-rows", "token-budget", "packed", "packed", "token-budget", "fixed-rows"]  # alternating
 
 
 def test_trl_bench_without_trl_skips_with_a_message(monkeypatch, capsys):
