@@ -1,5 +1,6 @@
 """The update benchmarks: `bench.py train --long-tail` at a tiny shape (the three kinds run and agree, the budget
-pads less, packing not at all) and on its defaults, and `bench.py trl` skipping with a message when TRL is not installed."""
+pads less, packing not at all) and on its defaults, and `bench.py trl` skipping with a message when TRL is not
+installed."""
 
 import argparse
 import json

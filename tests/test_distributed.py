@@ -481,8 +481,9 @@ ADAPTERS = dict(lora_rank=4, lora_alpha=8.0, lr=1e-3)
 # name -> (explore, steps of the 2-process run, steps of the one-process reference (0: none), Config overrides):
 # --micro-batch-tokens (rows dealt by balanced tokens, stand-ins padding the calls, the old-policy and reference
 # replays gathered by row) is compared with the neighbor reference's fixed 3-row micro-batches (prompts ~160 tokens:
-# the budget takes 3 rows of similar length at a time); the adapters' reference runs the step the resumed job adds.
-RUNS = {"neighbor": ("neighbor", 4, 2, {}), "token-budget": ("neighbor", 2, 0, dict(micro_batch_tokens=500)),
+# the budget takes 3 rows of similar length at a time), packed (--pack: each micro-batch's rows end to end); the
+# adapters' reference runs the step the resumed job adds.
+RUNS = {"neighbor": ("neighbor", 4, 2, {}), "token-budget": ("neighbor", 2, 0, dict(micro_batch_tokens=500, pack=True)),
         "loss-side": ("none", 2, 2, LOSS_SIDE), **{name: (name, 2, 2, flags) for name, flags in SOFT.items()},
         "adapters": ("neighbor", 2, 3, ADAPTERS)}
 
@@ -515,7 +516,8 @@ def test_two_processes_train_like_one_with_neighbor_mixing(neighbor_runs):
 
 
 def test_two_processes_with_a_token_budget_train_like_one_with_fixed_rows(job_runs, neighbor_runs):
-    """--micro-batch-tokens under torchrun: the metrics and weights of one process with fixed 3-row micro-batches."""
+    """--micro-batch-tokens, packed, under torchrun: the metrics and weights of one process with fixed 3-row padded
+    micro-batches."""
     assert_same_run(outputs(job_runs / "token-budget" / "two", 2), outputs(neighbor_runs / "one", 2), steps=2)
 
 
