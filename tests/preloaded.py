@@ -33,8 +33,6 @@ import traceback
 import types
 import warnings
 
-import torch
-
 # Imported by the server before it forks (third-party only: a project module would be the suite's copy, not the
 # command's, and would register its torch ops twice).
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint.state_dict",
@@ -82,7 +80,8 @@ def _become(header: dict, fds: list[int]) -> None:
         os.environ.update(header["env"])
         tempfile.tempdir = None  # found again from this environment's TMPDIR
         if header["env"].get(THREADS) != BASE_ENV.get(THREADS):  # a number (_forkable): as torch reads it at start
-            torch.set_num_threads(int(header["env"][THREADS]))
+            sys.modules["torch"].set_num_threads(int(header["env"][THREADS]))  # PRELOAD's (a test file that imports
+            # this module, as a reward worker may, does not pay for torch)
         sys.stdin, sys.stdout, sys.stderr = (_stream(0, sys.__stdin__, "r"), _stream(1, sys.__stdout__, "w"),
                                              _stream(2, sys.__stderr__, "w"))
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
