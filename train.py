@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 import eval as evaluation
-from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config
+from config import Config
 from data import (
     DataError,
     HubUnreachable,
@@ -51,18 +51,12 @@ from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
 from runtime.cli import parse_config
 from runtime.diagnostics import Watch, group_diversity, mixture_closeness
+from runtime.guard import RunError
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start
 
 if TYPE_CHECKING:  # a type only: importing transformers costs a second, and a run may need no tokenizer of it
     from transformers import PreTrainedTokenizerBase
-
-
-class RunError(SystemExit):
-    """A problem the user can fix (a flag, a file): the run stops with one line, `error: ...`, exit status 1."""
-
-    def __init__(self, message: str):
-        super().__init__(f"error: {message}")
 
 
 @dataclass
@@ -178,7 +172,7 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
 def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
     """(the run, its first step, its last): --out-dir claimed, the run built and resumed or started fresh, and
     on a fresh start the evaluations before RL."""
-    out_dir, resume_from = claim_out_dir(cfg) if world.is_main else (Path(cfg.out_dir), None)
+    out_dir, resume_from = checkpoint.claim_out_dir(cfg) if world.is_main else (Path(cfg.out_dir), None)
     resume_from = distributed.broadcast_object(resume_from, world)  # rank 0's choice, after it has checked
     say(world, f"out dir: {out_dir}" + (f" ({world.size} processes)" if world.distributed else ""))
     r = setup(cfg, world, out_dir)
@@ -500,66 +494,6 @@ def say(world: distributed.World, text: str, file=None) -> None:
     """print, on rank 0 only (to stdout as it is when called: a caller may have redirected it)."""
     if world.is_main:
         print(text, file=file or sys.stdout, flush=True)
-
-
-def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
-    """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
-    holding another run unless --resume (continue it) or --overwrite (start over there; setup then deletes the
-    earlier run), or unless it is the earlier output of this run's own preset where that preset replaces its own
-    (REPLACES_ITS_OWN_OUTPUT); a --resume continues from the newest intact checkpoint (newer damaged ones are set
-    aside), and one whose settings differ from that checkpoint's in anything but how the run is driven
-    (RUN_CONTROL_FIELDS) is refused unless --allow-config-change."""
-    out_dir = Path(cfg.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
-    checkpoints, earlier = checkpoint_dirs(out_dir), checkpoint.run_outputs(out_dir)
-    if earlier and not cfg.resume and not cfg.overwrite and not own_output(cfg, out_dir):
-        if checkpoints:
-            raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
-                           "--resume to continue it, --overwrite to start over there (deleting that run), or another "
-                           "--out-dir")
-        raise RunError(f"{out_dir} holds an earlier run ({', '.join(earlier)}; no checkpoint to resume); pass "
-                       "--overwrite to start over there (deleting it), or another --out-dir")
-    if not checkpoints or not cfg.resume:
-        return out_dir, None
-    latest = intact_checkpoint(out_dir, checkpoints)
-    try:
-        saved = Config.load_json(latest / "config.json.run")
-    except (ValueError, OSError) as error:
-        raise RunError(f"--resume: {error}") from None
-    changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
-               for name, value in asdict(saved).items()
-               if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
-    if changed and not cfg.allow_config_change:
-        raise RunError(f"--resume: settings differ from those of {latest} ({', '.join(changed)}); resume "
-                       "with the same settings, or pass --allow-config-change to continue with the new ones")
-    if changed:
-        print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
-    return out_dir, latest
-
-
-def own_output(cfg: Config, out_dir: Path) -> bool:
-    """Whether out_dir's earlier run was made by this run's preset, one that replaces its own output."""
-    if cfg.preset not in REPLACES_ITS_OWN_OUTPUT:
-        return False
-    try:
-        return json.loads((out_dir / "config.json").read_text()).get("preset") == cfg.preset
-    except (OSError, ValueError, AttributeError):  # no config.json, or not one of ours: not the preset's
-        return False
-
-
-def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
-    """The newest checkpoint whose files are those written (runtime/checkpoint.py); each newer damaged one is named
-    with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
-    found, skipped = checkpoint.newest_intact(checkpoints)
-    if found is None:
-        raise RunError(f"--resume: no intact checkpoint in {out_dir / 'checkpoints'} ({'; '.join(skipped)}); "
-                       "start over with --overwrite instead of --resume, or pass another --out-dir")
-    for directory, why in zip(reversed(checkpoints), skipped):
-        aside = directory.with_name(f"damaged-{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        directory.rename(aside)
-        print(f"--resume: skipped {why} (kept as {aside.name}); continuing from {found.name}", file=sys.stderr)
-    return found
 
 
 def load_policy(cfg: Config, device: torch.device, *, seed: int):

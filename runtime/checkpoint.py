@@ -1,7 +1,8 @@
 """Checkpoints on disk: writing one (weights in the Hugging Face layout, AdamW state, RNG, data cursor, the
 neighbor table; into a temporary directory renamed at the end), the metrics kept to a resumed step, and
 whether a checkpoint is the one that was written: a manifest of every file's size and SHA-256,
-written last (just before the directory is renamed to step-N), and the check --resume runs before using one.
+written last (just before the directory is renamed to step-N), and the check --resume runs before using one; and
+what a run may do with its --out-dir before any work (`claim_out_dir`: continue it, start over, or refuse).
 
 A kill -9 mid-write never leaves a step-N (the rename is the commit), but a disk can still truncate or lose a
 file afterwards (a full disk, a copy cut short, a user's rm). Then --resume falls back to the newest checkpoint
@@ -22,14 +23,17 @@ import random
 import shutil
 import sys
 import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 
+from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config
 from model import save_model
 from runtime import distributed, lora
-from runtime.guard import Refused, follow_umask, reason
+from runtime.guard import Refused, RunError, follow_umask, reason
 
 MANIFEST = "manifest.json"
 # What a checkpoint written before manifests existed must hold (checked by presence and size only).
@@ -242,3 +246,63 @@ def trim_metrics(path: Path, start_step: int) -> Path:
     partial.write_text("".join(line + "\n" for _, line in sorted(kept.items())))
     os.replace(partial, path)  # the kept steps survive a failure while rewriting
     return path
+
+
+def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
+    """(--out-dir, the checkpoint --resume continues from or None), checked before any work: not a file; not
+    holding another run unless --resume (continue it) or --overwrite (start over there; setup then deletes the
+    earlier run), or unless it is the earlier output of this run's own preset where that preset replaces its own
+    (REPLACES_ITS_OWN_OUTPUT); a --resume continues from the newest intact checkpoint (newer damaged ones are set
+    aside), and one whose settings differ from that checkpoint's in anything but how the run is driven
+    (RUN_CONTROL_FIELDS) is refused unless --allow-config-change."""
+    out_dir = Path(cfg.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
+    checkpoints, earlier = checkpoint_dirs(out_dir), run_outputs(out_dir)
+    if earlier and not cfg.resume and not cfg.overwrite and not own_output(cfg, out_dir):
+        if checkpoints:
+            raise RunError(f"{out_dir} holds checkpoints of an earlier run (latest: {checkpoints[-1].name}); pass "
+                           "--resume to continue it, --overwrite to start over there (deleting that run), or another "
+                           "--out-dir")
+        raise RunError(f"{out_dir} holds an earlier run ({', '.join(earlier)}; no checkpoint to resume); pass "
+                       "--overwrite to start over there (deleting it), or another --out-dir")
+    if not checkpoints or not cfg.resume:
+        return out_dir, None
+    latest = intact_checkpoint(out_dir, checkpoints)
+    try:
+        saved = Config.load_json(latest / "config.json.run")
+    except (ValueError, OSError) as error:
+        raise RunError(f"--resume: {error}") from None
+    changed = [f"--{name.replace('_', '-')} {value!r} -> {getattr(cfg, name)!r}"
+               for name, value in asdict(saved).items()
+               if name not in RUN_CONTROL_FIELDS and getattr(cfg, name) != value]
+    if changed and not cfg.allow_config_change:
+        raise RunError(f"--resume: settings differ from those of {latest} ({', '.join(changed)}); resume "
+                       "with the same settings, or pass --allow-config-change to continue with the new ones")
+    if changed:
+        print(f"--resume: continuing with changed settings: {', '.join(changed)}", file=sys.stderr)
+    return out_dir, latest
+
+
+def own_output(cfg: Config, out_dir: Path) -> bool:
+    """Whether out_dir's earlier run was made by this run's preset, one that replaces its own output."""
+    if cfg.preset not in REPLACES_ITS_OWN_OUTPUT:
+        return False
+    try:
+        return json.loads((out_dir / "config.json").read_text()).get("preset") == cfg.preset
+    except (OSError, ValueError, AttributeError):  # no config.json, or not one of ours: not the preset's
+        return False
+
+
+def intact_checkpoint(out_dir: Path, checkpoints: list[Path]) -> Path:
+    """The newest checkpoint whose files are those written (runtime/checkpoint.py); each newer damaged one is named
+    with what is wrong and renamed to damaged-step-N, so that the run can write its step again."""
+    found, skipped = newest_intact(checkpoints)
+    if found is None:
+        raise RunError(f"--resume: no intact checkpoint in {out_dir / 'checkpoints'} ({'; '.join(skipped)}); "
+                       "start over with --overwrite instead of --resume, or pass another --out-dir")
+    for directory, why in zip(reversed(checkpoints), skipped):
+        aside = directory.with_name(f"damaged-{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        directory.rename(aside)
+        print(f"--resume: skipped {why} (kept as {aside.name}); continuing from {found.name}", file=sys.stderr)
+    return found

@@ -155,3 +155,10 @@ def resume_command(argv: list[str], script: str = "train.py") -> str:
     launcher = ["python"] if world_size == 1 else \
         ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', world_size)}", "--"]
     return shlex.join([*launcher, script, *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
+class RunError(SystemExit):
+    """A problem the user can fix (a flag, a file): the run stops with one line, `error: ...`, exit status 1."""
+
+    def __init__(self, message: str):
+        super().__init__(f"error: {message}")
