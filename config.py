@@ -123,6 +123,11 @@ class Config:
                                     "renormalised over the K", ("uniform", "probs"))
     multiplex_replacement: bool = option(True, "multiplex: draw the K tokens with replacement (its "
                                          "enable_replacement=True, run_train.sh); off: K distinct tokens")
+    multiplex_gumbel_tau: float = option(0.0, "multiplex: > 0: its enable_gumbel, p replaced by softmax((log p + g) / "
+                                         "tau) over the vocabulary (a Gumbel draw g per token) before the K draws; "
+                                         "tau = this, its gumbel_tau (0 = off, as in its recipe)")
+    multiplex_entropy_mask: float = option(0.0, "multiplex: > 0: its enable_entropy_mask, only thinking steps whose "
+                                           "entropy of p (nats) exceeds this are mixed (0 = off, as in its recipe)")
     freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
                                      "does in N-GRPO runs)")
 
@@ -431,7 +436,7 @@ RANGES = {
     "mixinputs_beta": (lambda v: v >= 0 or v <= -99, "must be >= 0 (or <= -99: the direct mixture)"),
     "early_stopping_entropy_threshold": _AT_LEAST_0, "early_stopping_length_threshold": _AT_LEAST_1,
     "dirichlet_alpha": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "multiplex_width": _AT_LEAST_1,
-    "noise_factor": _AT_LEAST_0,
+    "noise_factor": _AT_LEAST_0, "multiplex_gumbel_tau": _AT_LEAST_0, "multiplex_entropy_mask": _AT_LEAST_0,
     "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
     "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
     "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -546,7 +551,8 @@ IDLE_WITHOUT = {
     **dict.fromkeys(("after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p"),
                     (lambda c: c.explore != "none" and bool(c.stop_mixing_token), "an --explore other than none "
                      "and a --stop-mixing-token (it ends thinking)")),
-    **dict.fromkeys(("multiplex_width", "multiplex_weights", "multiplex_replacement"),
+    **dict.fromkeys(("multiplex_width", "multiplex_weights", "multiplex_replacement", "multiplex_gumbel_tau",
+                     "multiplex_entropy_mask"),
                     (lambda c: c.explore == "multiplex", "--explore multiplex")),
     "gumbel_temperature": (lambda c: c.explore in ("soft-gumbel", "soft-grpo"), "--explore soft-gumbel or soft-grpo"),
     **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold", "dirichlet_alpha"),

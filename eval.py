@@ -388,7 +388,8 @@ EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperatu
                "mix_entropy_threshold", "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric",
                "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "mixinputs_beta",
                "gumbel_temperature", "early_stopping_entropy_threshold", "early_stopping_length_threshold",
-               "dirichlet_alpha", "multiplex_width", "multiplex_weights", "multiplex_replacement", "noise_factor",
+               "dirichlet_alpha", "multiplex_width", "multiplex_weights", "multiplex_replacement",
+               "multiplex_gumbel_tau", "multiplex_entropy_mask", "noise_factor",
                "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader", "reward",
                "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
@@ -423,7 +424,8 @@ UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None, **
                        for name in ("min_p", "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p",
                                     "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
                                     "early_stopping_length_threshold", "dirichlet_alpha", "multiplex_width",
-                                    "multiplex_weights", "multiplex_replacement", "noise_factor")}}
+                                    "multiplex_weights", "multiplex_replacement", "noise_factor",
+                                    "multiplex_gumbel_tau", "multiplex_entropy_mask")}}
 # A benchmark's published rule for numbers (--rel-tol unset): a relative tolerance where its own grader allows one.
 # TheoremQA: within_eps, |prediction - reference| <= 0.04 |reference| (TIGER-AI-Lab/TheoremQA, number_utils.py,
 # lines 19-24, used at line 83); every other benchmark here is graded exactly (docs/reward.md).

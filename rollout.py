@@ -356,4 +356,5 @@ def exploration_from_config(cfg, tokenizer) -> Exploration:
                        gumbel_temperature=cfg.gumbel_temperature, cold_stop_steps=cfg.early_stopping_length_threshold,
                        cold_stop_entropy=cfg.early_stopping_entropy_threshold, dirichlet_alpha=cfg.dirichlet_alpha,
                        multiplex_width=cfg.multiplex_width, multiplex_weights=cfg.multiplex_weights,
-                       multiplex_replacement=cfg.multiplex_replacement, noise_factor=cfg.noise_factor)
+                       multiplex_replacement=cfg.multiplex_replacement, noise_factor=cfg.noise_factor,
+                       multiplex_gumbel_tau=cfg.multiplex_gumbel_tau, multiplex_entropy_mask=cfg.multiplex_entropy_mask)

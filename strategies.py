@@ -69,6 +69,8 @@ class Exploration:
     multiplex_width: int = 3  # multiplex: K, the tokens drawn from p at each thinking step
     multiplex_weights: str = "uniform"  # multiplex: uniform = 1/K each; probs = p(token) renormalised over the K
     multiplex_replacement: bool = True  # multiplex: the K draws with replacement (a token may come twice)
+    multiplex_gumbel_tau: float = 0.0  # multiplex: > 0: p -> softmax((log p + g) / tau) over V before the K draws
+    multiplex_entropy_mask: float = 0.0  # multiplex: > 0: only thinking steps with H(p) above this are mixed
     noise_factor: float = 1.0  # soft-grpo: the clamped Gumbel noise's scale in g' (SofT-GRPO's rollout.noise_factor)
 
     def __post_init__(self):
@@ -93,8 +95,8 @@ class Exploration:
             raise ValueError(f"Cold Stop forces stop_mixing_id (</think>): it needs one, and {', '.join(COLD_STOP)}")
         if self.dirichlet_alpha < 0 or (self.dirichlet_alpha > 0 and self.strategy not in COLD_STOP):
             raise ValueError(f"Dirichlet noise needs dirichlet_alpha >= 0 (0 = off), and {', '.join(COLD_STOP)}")
-        if self.noise_factor < 0:
-            raise ValueError(f"noise_factor must be >= 0, not {self.noise_factor}")
+        if min(self.noise_factor, self.multiplex_gumbel_tau, self.multiplex_entropy_mask) < 0:
+            raise ValueError("noise_factor, multiplex_gumbel_tau and multiplex_entropy_mask must be >= 0")
         if self.multiplex_width < 1 or self.multiplex_weights not in ("uniform", "probs"):
             raise ValueError(f"multiplex needs multiplex_width >= 1 (not {self.multiplex_width}) and "
                              f"multiplex_weights 'uniform' or 'probs' (not {self.multiplex_weights!r})")
@@ -300,11 +302,21 @@ def explore_multiplex(view: StepView) -> Mixture:
     the others from the row's MULTIPLEX stream, with replacement (or without), and feeds sum_k w_k E[i_k], w = 1/K
     (uniform: its enable_unweighting, the released recipe) or p(i_k) renormalised over the K (probs). Answer
     steps feed y. Training scores all K tokens of a thinking step (the joint log-probability; ngrpo.policy_loss).
-    As in their sampler, Cold Stop may end thinking, and Dirichlet noise replaces p by its draw p' for all K draws:
-    the action too is then the first of K draws from p' (scored, like every candidate, under the policy's p)."""
+    As in their sampler, Cold Stop may end thinking; an entropy mask leaves thinking steps with H(p) <= the threshold
+    unmixed (enable_entropy_mask); Dirichlet noise, then Gumbel noise (enable_gumbel: softmax((log p + g) / tau), a
+    Gumbel g per token from the row's GUMBEL stream) replace p by p' for all K draws: the action too is then the first
+    of K draws from p' (scored, like every candidate, under the policy's p)."""
     x = view.exploration
     view = cold_stop(view)
+    if x.multiplex_entropy_mask > 0:
+        p = view.probs.float()
+        entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B] nats
+        view = replace(view, eligible=view.eligible & (entropy > x.multiplex_entropy_mask))
     probs, first = (view.probs, view.token) if x.dirichlet_alpha <= 0 else (dirichlet_probs(view), None)
+    if x.multiplex_gumbel_tau > 0:
+        gumbel = -(-view.draws.uniform(GUMBEL, probs.shape[-1]).log()).log()  # [B, V] float64
+        probs = ((probs.double().clamp_min(1e-20).log() + gumbel) / x.multiplex_gumbel_tau).softmax(-1).to(probs.dtype)
+        first = None
     uniforms = view.draws.uniform(MULTIPLEX, x.multiplex_width - (first is not None))  # [B, K - 1] or [B, K]
     cand_ids = multiplex_draws(probs, first, uniforms, x.multiplex_replacement)  # [B, K]
     weights = torch.ones(cand_ids.shape, device=cand_ids.device) if x.multiplex_weights == "uniform" else \

@@ -81,7 +81,7 @@ EVERY_STRATEGY = {
     "soft-gumbel": (Exploration("soft-gumbel", top_k=4, **COLD_STOP), dict(after_thinking_top_p=0.9)),
     "mixinputs": (Exploration("mixinputs", mixinputs_beta=2.0), {}),
     "multiplex": (Exploration("multiplex", multiplex_width=3, multiplex_weights="probs", dirichlet_alpha=1.0,
-                              **COLD_STOP), {}),
+                              multiplex_gumbel_tau=1.0, multiplex_entropy_mask=1.0, **COLD_STOP), {}),
     "soft-grpo": (Exploration("soft-grpo", top_k=5, gumbel_temperature=0.1, noise_factor=0.5), dict(top_k=5)),
 }
 

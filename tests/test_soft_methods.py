@@ -256,6 +256,42 @@ def test_multiplex_with_dirichlet_noise_draws_all_k_tokens_the_action_too_from_t
         assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum(w, drawn), abs=1e-5)
 
 
+@pytest.mark.parametrize("weights", ["uniform", "probs"])
+def test_multiplex_with_gumbel_noise_draws_all_k_tokens_from_the_gumbel_softmax_of_p(weights):
+    """Multiplex Thinking's sampler with enable_gumbel: p' = softmax((log max(p, 1e-20) + g) / tau) over the
+    vocabulary, g = -log(-log u) at the row's GUMBEL uniforms (one per token), replaces p for the K draws (its K
+    MULTIPLEX uniforms), the first being the action."""
+    K, tau, keys, positions = 3, 0.7, [7, 3, 12], [4, 0, 9]
+    x = Exploration("multiplex", multiplex_width=K, multiplex_weights=weights, multiplex_gumbel_tau=tau)
+    view = step_view(x, [0, 0, 0], tau=0.8, top_k=12, seed=5, keys=keys, positions=positions)
+    mixture = STRATEGIES["multiplex"].explore(view)
+    draws = RowDraws(5, torch.tensor(keys), torch.tensor(positions))
+    gumbel_u, uniforms = draws.uniform(GUMBEL, V), draws.uniform(MULTIPLEX, K)
+    for row in range(LOGITS.shape[0]):
+        p = [float(v) for v in view.probs[row].double()]
+        noisy = softmax([(math.log(max(v, 1e-20)) - math.log(-math.log(float(u)))) / tau
+                         for v, u in zip(p, gumbel_u[row])])
+        drawn = [inverse_cdf(noisy, float(uniforms[row, k])) for k in range(K)]
+        w = [1.0] * K if weights == "uniform" else [noisy[t] for t in drawn]
+        w = [v / sum(w) for v in w]
+        assert mixture.cand_ids[row].tolist() == drawn and int(mixture.token[row]) == drawn[0]
+        assert mixture.cand_weights[row].tolist() == pytest.approx(w, rel=1e-4, abs=1e-6)
+
+
+def test_multiplex_entropy_mask_mixes_only_the_steps_above_the_threshold():
+    """enable_entropy_mask: a thinking step whose H(p) is at or under the threshold feeds its sampled token."""
+    view = step_view(Exploration("multiplex"), [1, 2, 3], tau=0.8, seed=5)
+    entropy = [-sum(v * math.log(v) for v in softmax([float(z) / 0.8 for z in row]) if v > 0)
+               for row in LOGITS.tolist()]
+    threshold = sorted(entropy)[1]  # the middle row's: it and the lower one are not mixed
+    x = Exploration("multiplex", multiplex_entropy_mask=threshold)
+    mixture = STRATEGIES["multiplex"].explore(replace(view, exploration=x))
+    assert mixture.mixed.tolist() == [h > threshold for h in entropy] and sum(mixture.mixed.tolist()) == 1
+    for row in range(LOGITS.shape[0]):
+        if not mixture.mixed[row]:
+            assert mixture.cand_ids[row].tolist() == [row + 1] * 3 and mixture.cand_weights[row].tolist() == [1, 0, 0]
+
+
 def test_multiplex_draws_are_distributed_as_p():
     """Over 20,000 rows (their own keys) the extra draws of one step follow p: each token's frequency within 5
     standard errors of its probability."""
@@ -530,11 +566,12 @@ def read_metrics(run_dir) -> list[dict]:
                                    dict(explore="soft-gumbel", dirichlet_alpha=5.0, **COLD_STOP),
                                    dict(explore="multiplex"),
                                    dict(explore="multiplex", multiplex_weights="probs", multiplex_replacement=False),
-                                   dict(explore="multiplex", dirichlet_alpha=1.0, **COLD_STOP),
+                                   dict(explore="multiplex", dirichlet_alpha=1.0, multiplex_gumbel_tau=1.0,
+                                        multiplex_entropy_mask=5.0, **COLD_STOP),
                                    dict(explore="soft-grpo", kl_coef=0.01, noise_factor=0.5)],
                          ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
                               "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct",
-                              "multiplex-dirichlet-cold-stop", "soft-grpo"])
+                              "multiplex-noise-mask-cold-stop", "soft-grpo"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
