@@ -17,7 +17,7 @@ from pathlib import Path
 
 from data import MATH_INSTRUCTION
 from runtime.lora import TARGETS as LORA_TARGETS
-from strategies import COLD_STOP, NO_COIN
+from strategies import COLD_STOP, NO_COIN, STRATEGIES
 
 
 def option(default, help: str, choices: tuple | None = None, aliases: tuple = ()):
@@ -69,9 +69,11 @@ class Config:
                           "Gumbel-softmax soft tokens (arXiv 2508.03440); mixinputs = Mixture of Inputs (2505.14827); "
                           "multiplex = Multiplex Thinking's K sampled tokens merged, trained by their joint "
                           "log-probability (2601.08808); soft-grpo = SofT-GRPO's Gumbel-softmax soft tokens, trained "
-                          "by the Gumbel-reparameterised log-probability (2511.06411)",
+                          "by the Gumbel-reparameterised log-probability (2511.06411), soft-grpo-dirichlet / "
+                          "soft-grpo-gaussian = its Dirichlet / Gaussian-noise variants (their -dir / -gau scripts)",
                           ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel", "gaussian_embed_noise",
-                           "orthogonal_noise", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo"))
+                           "orthogonal_noise", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo",
+                           "soft-grpo-dirichlet", "soft-grpo-gaussian"))
     mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
                              "(per sequence, per step)")
     mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
@@ -497,8 +499,8 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         *[("explore", c.explore not in names or ok, f"{c.explore} (its loss scores each step's candidates) needs "
            f"{needs}") for names, ok, needs in (
             (("multiplex",), c.loss == "grpo", "--loss grpo: GSPO's sequence ratio has no per-token candidates"),
-            (("multiplex", "soft-grpo"), c.old_logp == "replay", "--old-logp replay: the sampler records log p(y)"),
-            (("multiplex", "soft-grpo"), not c.kl_in_reward, "the KL in the loss, not --kl-in-reward"))],
+            (SCORES_CANDIDATES, c.old_logp == "replay", "--old-logp replay: the sampler records log p(y)"),
+            (SCORES_CANDIDATES, not c.kl_in_reward, "the KL in the loss, not --kl-in-reward"))],
         ("rollout_is", c.rollout_is == "none" or c.old_logp == "replay", "needs --old-logp replay: with "
          "rollout the old policy's log-probs are the sampler's own, so every weight would be 1"),
         ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy sampler's "
@@ -516,6 +518,9 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
          f"({c.max_new_tokens})"),
     ]
+
+
+SCORES_CANDIDATES = tuple(name for name, strategy in STRATEGIES.items() if strategy.scores == "cand_ids")
 
 
 def unknown_targets(targets: str) -> list[str]:

@@ -354,6 +354,47 @@ def soft_grpo_logprob(logp: torch.Tensor, action_logp: torch.Tensor, steps: dict
     return torch.where(steps["mixed"], reparameterised, action_logp)
 
 
+def explore_soft_grpo_dirichlet(view: StepView) -> Mixture:
+    """SofT-GRPO's Dirichlet variant (its sampler's add_noise_dirichlet, SofT-GRPO-deepscaler-8k-dir.sh): every
+    thinking step takes the top-k tokens of p, q = p renormalised over them, draws g_k ~ Gamma(q_k, 1) (the row's
+    DIRICHLET stream) and feeds sum_k g_k / sum_j g_j E[c_k]; the record keeps g (`topk_noise`)."""
+    cand_ids, q = soft_candidates(view.probs, view.exploration.top_k)  # [B, K] each
+    g = gamma_log_draws(view.draws, DIRICHLET, q).exp().float()
+    mixture = mix_where(view, cand_ids, g / g.sum(-1, keepdim=True).clamp_min(1e-30), view.eligible)
+    return replace(mixture, extra={"topk_noise": torch.where(view.eligible[:, None], g, 0.0)})
+
+
+def explore_soft_grpo_gaussian(view: StepView) -> Mixture:
+    """SofT-GRPO's Gaussian variant (its sampler's third branch, -gau.sh): s_k ~ N(q_k, 0.05^2) over the top-k's q (the
+    row's NOISE stream), fed sum_k s_k / sum_j s_j E[c_k] (a weight may be negative, as theirs); recorded: s."""
+    cand_ids, q = soft_candidates(view.probs, view.exploration.top_k)
+    noisy = q + 0.05 * view.draws.normal(NOISE, q.shape[-1]).to(q.dtype)
+    mixture = mix_where(view, cand_ids, noisy / noisy.sum(-1, keepdim=True), view.eligible)
+    return replace(mixture, extra={"topk_noise": torch.where(view.eligible[:, None], noisy, 0.0)})
+
+
+def topk_noise_logprob(density: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """A SofT-GRPO variant's loss log-probability (its verl logprobs_from_logits_topk_dirichlet / _normal): at a
+    thinking step the mean of density(q, recorded noise) over q > 0.05 (q: the policy's p over the top-k)."""
+    def log_prob(logp: torch.Tensor, action_logp: torch.Tensor, steps: dict[str, torch.Tensor]) -> torch.Tensor:
+        q = (logp - logp.logsumexp(-1, keepdim=True)).exp().clamp_min(1e-20)  # 0 would make lgamma's gradient nan
+        kept = (q > 0.05).float()
+        value = (density(q, steps["topk_noise"]) * kept).sum(-1) / kept.sum(-1).clamp_min(1.0)
+        return torch.where(steps["mixed"], value, action_logp)
+    return log_prob
+
+
+def gamma_density(q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """log Gamma(g; q, 1) = (q - 1) log g - g - lgamma(q), clamped to [-5, 3] as theirs."""
+    return ((q - 1) * g.clamp_min(1e-30).log() - g - torch.lgamma(q)).clamp(-5.0, 3.0)
+
+
+def normal_density(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """log N(clamp(s, q - 0.15, q + 0.15); q, 0.05^2), as theirs."""
+    x = torch.clamp(s, q - 0.15, q + 0.15)
+    return -0.5 * ((x - q) / 0.05) ** 2 - math.log(0.05 * math.sqrt(2 * math.pi))
+
+
 def with_noise(mixture: Mixture, where: torch.Tensor, sigma: float, draws: RowDraws) -> Mixture:
     """The mixture with N(0, (sigma * rms)^2) added to the inputs of the rows `where` (rms of each row's
     input), the record unchanged: training replays the noise-free inputs."""
@@ -525,8 +566,10 @@ class Strategy:
 
 NOISE_RECORD = (Field("noise_keys", torch.long), Field("noise_scales", torch.float32, pad=0.0))  # std 0 = none
 COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
+TOPK_NOISE = (Field("topk_noise", torch.float32, pad=0.0, per_candidate=True),)  # SofT-GRPO's variants' noise
 
-NO_COIN = ("none", "soft", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo")  # no mixing coin
+NO_COIN = ("none", "soft", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo", "soft-grpo-dirichlet",
+           "soft-grpo-gaussian")  # no mixing coin
 COLD_STOP = ("soft", "soft-gumbel", "multiplex")  # Cold Stop and Dirichlet noise
 
 # --explore NAME -> its strategy. To add one: write explore_NAME above, register it here (or register() from your
@@ -548,6 +591,10 @@ STRATEGIES: dict[str, Strategy] = {
     "soft-grpo": Strategy(explore_soft_grpo, record=(Field("gumbel_logits", torch.float32, pad=0.0,
                                                            per_candidate=True),),
                           scores="cand_ids", log_prob=soft_grpo_logprob),
+    "soft-grpo-dirichlet": Strategy(explore_soft_grpo_dirichlet, record=TOPK_NOISE, scores="cand_ids",
+                                    log_prob=topk_noise_logprob(gamma_density)),
+    "soft-grpo-gaussian": Strategy(explore_soft_grpo_gaussian, record=TOPK_NOISE, scores="cand_ids",
+                                   log_prob=topk_noise_logprob(normal_density)),
 }
 
 

@@ -471,13 +471,15 @@ LOSS_SIDE = dict(adv_estimator="passk", pass_k=2, kl_estimator="k2", kl_in_rewar
 # after 3 steps, so both phases run (and soft's after-thinking top-k switches per row). Multiplex Thinking: 3 draws a
 # step (its own counter-based stream) from a Gumbel-softmax of a Dirichlet draw of p, with Cold Stop, and the joint
 # loss over them.
-# SofT-GRPO: Gumbel draws scaled by a noise factor, the perturbed logits recorded, the reparameterised log-probability.
+# SofT-GRPO: Gumbel draws scaled by a noise factor, the perturbed logits recorded, the reparameterised log-probability;
+# its Dirichlet and Gaussian variants: gamma draws and normals, their densities in the loss.
 COLD_STOP = dict(early_stopping_entropy_threshold=10.0, early_stopping_length_threshold=3)
 SOFT = {"soft": dict(min_p=0.05, dirichlet_alpha=1.0, after_thinking_top_k=8, **COLD_STOP),
         "soft-gumbel": dict(gumbel_temperature=0.5, **COLD_STOP), "mixinputs": dict(mixinputs_beta=2.0),
         "multiplex": dict(multiplex_width=3, multiplex_weights="probs", dirichlet_alpha=1.0, multiplex_gumbel_tau=1.0,
                           **COLD_STOP),
-        "soft-grpo": dict(soft_top_k=5, gumbel_temperature=0.1, noise_factor=0.5)}
+        "soft-grpo": dict(soft_top_k=5, gumbel_temperature=0.1, noise_factor=0.5),
+        "soft-grpo-dirichlet": dict(soft_top_k=5), "soft-grpo-gaussian": dict(soft_top_k=5)}
 ADAPTERS = dict(lora_rank=4, lora_alpha=8.0, lr=1e-3)
 
 # name -> (explore, steps of the 2-process run, steps of the one-process reference (0: none), Config overrides):

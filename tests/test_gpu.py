@@ -83,6 +83,8 @@ EVERY_STRATEGY = {
     "multiplex": (Exploration("multiplex", multiplex_width=3, multiplex_weights="probs", dirichlet_alpha=1.0,
                               multiplex_gumbel_tau=1.0, multiplex_entropy_mask=1.0, **COLD_STOP), {}),
     "soft-grpo": (Exploration("soft-grpo", top_k=5, gumbel_temperature=0.1, noise_factor=0.5), dict(top_k=5)),
+    "soft-grpo-dirichlet": (Exploration("soft-grpo-dirichlet", top_k=5), {}),
+    "soft-grpo-gaussian": (Exploration("soft-grpo-gaussian", top_k=5), {}),
 }
 
 

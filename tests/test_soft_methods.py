@@ -18,7 +18,7 @@ import rollout
 import train
 from config import preset
 from engine import decoder as engine
-from engine.draws import DIRICHLET, GAMMA_TRIES, GUMBEL, MULTIPLEX, RowDraws, gamma_log_draws
+from engine.draws import DIRICHLET, GAMMA_TRIES, GUMBEL, MULTIPLEX, NOISE, RowDraws, gamma_log_draws
 from engine.logprobs import token_logprobs
 from model import ModelConfig, load_model, random_model
 from ngrpo import LossSettings, policy_loss
@@ -413,6 +413,68 @@ def test_soft_grpo_logprob_and_its_gradient_equal_the_released_function(chunk_to
     assert float(results[1][1].abs().max()) > 1e-3  # a gradient to compare
 
 
+@pytest.mark.parametrize("variant", ["dirichlet", "gaussian"])
+def test_soft_grpo_variants_feed_their_noisy_top_k_weights_and_record_the_noise(variant):
+    """SofT-GRPO's -dir / -gau samplers: q = p renormalised over the top 5; g_k ~ Gamma(q_k, 1) (the row's DIRICHLET
+    uniforms) or s_k = q_k + 0.05 z_k (its NOISE normals); fed the noise renormalised, the noise recorded."""
+    x = Exploration(f"soft-grpo-{variant}", top_k=5)
+    keys, positions = [4, 5, 6], [2, 0, 9]
+    view = step_view(x, [0, 1, 2], tau=0.8, seed=3, keys=keys, positions=positions)
+    mixture = STRATEGIES[x.strategy].explore(view)
+    draws = RowDraws(3, torch.tensor(keys), torch.tensor(positions))
+    gamma_u, normals = draws.uniform(DIRICHLET, (3 * GAMMA_TRIES + 1) * 5), draws.normal(NOISE, 5)
+    for row in range(LOGITS.shape[0]):
+        p = softmax([float(z) / 0.8 for z in LOGITS[row]])
+        top = ranked(p)[:5]
+        q = [p[c] / sum(p[c] for c in top) for c in top]
+        noise = [gamma_by_hand(v, gamma_u[row, k::5].tolist()) if variant == "dirichlet" else
+                 v + 0.05 * float(normals[row, k]) for k, v in enumerate(q)]
+        assert mixture.cand_ids[row].tolist() == top
+        assert mixture.extra["topk_noise"][row].tolist() == pytest.approx(noise, rel=1e-4, abs=1e-6)
+        assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum([v / sum(noise) for v in noise], top),
+                                                             abs=1e-4)
+
+
+def released_variant_logprob(variant, logits, ids, noise, labels, thinking):
+    """verl's logprobs_from_logits_topk_dirichlet / _normal (SofT-GRPO's release) from full logits [N, V]."""
+    q = torch.softmax(logits, dim=-1).gather(-1, ids)
+    q = q / q.sum(-1, keepdim=True)
+    if variant == "dirichlet":
+        density = torch.distributions.Gamma(q * 1.0, torch.ones_like(q)).log_prob(noise).clamp(min=-5, max=3)
+    else:
+        density = torch.distributions.Normal(q, torch.ones_like(q) * 0.05).log_prob(noise.clamp(q - 0.15, q + 0.15))
+    kept = (q > 0.05).float()
+    answer = logits.log_softmax(-1).gather(-1, labels[:, None])[:, 0]
+    return torch.where(thinking, (density * kept).sum(-1) / kept.sum(-1), answer)
+
+
+@pytest.mark.parametrize("variant", ["dirichlet", "gaussian"])
+def test_soft_grpo_variants_logprob_and_its_gradient_equal_the_released_functions(variant):
+    """Through the chunked replay ours, through full logits and torch.distributions theirs: equal values and
+    gradients."""
+    g = torch.Generator().manual_seed(22)
+    N, d, vocab, K = 10, 8, 40, 5
+    hidden, weight = torch.randn(N, d, generator=g), torch.randn(vocab, d, generator=g) * 1.5
+    ids = torch.stack([torch.randperm(vocab, generator=g)[:K] for _ in range(N)])
+    labels = torch.randint(0, vocab, (N,), generator=g)
+    noise = torch.rand(N, K, generator=g) * 0.6 + 0.01  # recorded gamma draws, or normals near q
+    thinking, upstream = torch.rand(N, generator=g) > 0.3, torch.randn(N, generator=g)
+    strategy = STRATEGIES[f"soft-grpo-{variant}"]
+    results = []
+    for ours in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if ours:
+            logp, _ = token_logprobs(h, w, torch.cat([labels[:, None], ids], -1), temperature=0.9, chunk_tokens=3)
+            value = strategy.log_prob(logp[:, 1:], logp[:, 0], {"topk_noise": noise, "mixed": thinking})
+        else:
+            value = released_variant_logprob(variant, h @ w.T / 0.9, ids, noise, labels, thinking)
+        (value * upstream).sum().backward()
+        results.append((value.detach(), h.grad, w.grad))
+    for mine, theirs in zip(*results):
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-5)
+    assert float(results[1][1].abs().max()) > 1e-3
+
+
 def test_min_p_keeps_the_tokens_within_min_p_of_the_top_token_after_top_k():
     z = LOGITS[0].tolist()
     for min_p, top_k in ((0.1, 0), (0.3, 6), (0.02, 12)):
@@ -568,10 +630,12 @@ def read_metrics(run_dir) -> list[dict]:
                                    dict(explore="multiplex", multiplex_weights="probs", multiplex_replacement=False),
                                    dict(explore="multiplex", dirichlet_alpha=1.0, multiplex_gumbel_tau=1.0,
                                         multiplex_entropy_mask=5.0, **COLD_STOP),
-                                   dict(explore="soft-grpo", kl_coef=0.01, noise_factor=0.5)],
+                                   dict(explore="soft-grpo", kl_coef=0.01, noise_factor=0.5),
+                                   dict(explore="soft-grpo-dirichlet"), dict(explore="soft-grpo-gaussian")],
                          ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
                               "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct",
-                              "multiplex-noise-mask-cold-stop", "soft-grpo"])
+                              "multiplex-noise-mask-cold-stop", "soft-grpo", "soft-grpo-dirichlet",
+                              "soft-grpo-gaussian"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
