@@ -65,12 +65,12 @@ def sequence_logprobs(model, rollout: Rollout, *, temperature: float = 1.0, chun
     that scores its candidates (Strategy.scores: Multiplex Thinking, SofT-GRPO) gets [B, T, 1 + K]: log p(y), then
     log p of each candidate. packed: the rows end to end, no padded position computed (engine/packing.py)."""
     inputs, pred_pos = replay_inputs(model.embed_tokens.weight, rollout)
-    if packed:
+    if packed:  # [B, T, d] read from the packed sequence
         lengths = [len(p) + n - 1 for p, n in zip(rollout.prompts, rollout.lengths.tolist())]
-        hidden = packed_hidden(model, inputs, lengths)
+        hidden = packed_hidden(model, inputs, lengths, pred_pos)
     else:
         hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
-    hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
+        hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
     labels = rollout.response_ids
     if STRATEGIES[rollout.strategy].scores == "cand_ids":  # [B, T, 1 + K]: the action, then every candidate
         labels = torch.cat([labels[..., None], rollout.steps["cand_ids"]], -1)

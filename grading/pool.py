@@ -178,10 +178,13 @@ class _Worker:
         os.set_blocking(self.process.stdout.fileno(), False)
         self.started = time.monotonic()
         self.pending = b""
-        self.ready = False
         self.ready_at = math.inf  # time.monotonic() when it said "ready"
         self.job = None
         self.deadline = None
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_at < math.inf
 
     def send(self, job: int, payload, reference: str, timeout_s: float) -> None:
         message = json.dumps([job, payload, reference, timeout_s]) + "\n"
@@ -342,10 +345,10 @@ class RewardPool:
 
     def _grow_at(self) -> float:
         """When the batch running may start one more worker (inf: none: all are started, or none is up yet)."""
-        up = [worker.ready_at for worker in self._workers if worker.ready]
-        if not up or len(self._workers) >= self.num_workers:
+        if len(self._workers) >= self.num_workers:
             return math.inf
-        return max(self._grown_at, min(up)) + GROW_AFTER_S
+        first_up = min((worker.ready_at for worker in self._workers), default=math.inf)
+        return max(self._grown_at, first_up) + GROW_AFTER_S  # inf + s = inf
 
     def start(self, workers: int | None = None) -> None:
         """Starts workers (up to `workers`, default num_workers) and returns once they are ready: before timing
@@ -384,7 +387,7 @@ class RewardPool:
             return
         for message in messages:
             if message == "ready":
-                worker.ready, worker.ready_at = True, time.monotonic()
+                worker.ready_at = time.monotonic()
             else:
                 job, score, *failure = message
                 scores[job] = score
