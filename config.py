@@ -1,361 +1,372 @@
 """Every hyperparameter of a run in one dataclass, the rules its values keep, and the named presets.
 
-Defaults are those of the paper's released code for DeepSeek-R1-Distill-Qwen-1.5B (preset `paper-1.5b`);
-docs/algorithm.md says what each one does. A preset is a plain dict of overrides; explicit flags override the
-preset. Each field is a command-line flag (runtime/cli.py): the field name with dashes (`mix_rate` ->
-`--mix-rate`), its help the field's.
+Defaults are those of the paper's released code for DeepSeek-R1-Distill-Qwen-1.5B (preset
+`paper-1.5b`); docs/algorithm.md says what each one does. Each setting is declared once, with its
+help and its allowed values beside it (`option`); the exploration knobs are declared by the
+methods that read them (strategies/, each method's KNOBS) and come in through `Knobs`. A preset is
+a plain dict of overrides; explicit flags override the preset. Each field is a command-line flag
+(runtime/cli.py): the field name with dashes (`mix_rate` -> `--mix-rate`), its help the field's.
 
-    cfg = replace(preset("grpo-1.5b"), lr=2e-6)      # runtime.cli.parse_config(["--preset", "grpo-1.5b", ...])
+    cfg = replace(preset("grpo-1.5b"), lr=2e-6)   # runtime.cli.parse_config(["--preset", ...])
     cfg.save_json("runs/x/config.json"); Config.load_json("runs/x/config.json") == cfg
 """
 
 import json
-import math
 import shlex
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from data import MATH_INSTRUCTION
-from runtime.lora import TARGETS as LORA_TARGETS
-from strategies import COLD_STOP, NO_COIN, STRATEGIES
+from estimators import ADVANTAGES, KL_ESTIMATORS
+from model import PROJECTIONS
+from strategies import KNOBS, STRATEGIES, Knobs
+from strategies.base import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, option, problems
+
+NONEMPTY = (lambda v: v.strip() != "", "must not be empty")
+# AdamW moves each weight by about lr a step; past 1 the weights (~0.02) are gone at once (1e6 for 1e-6, a typo).
+STEP_SIZE = (lambda v: 0 < v <= 1, "must be in (0, 1]: AdamW moves every weight by about this much a step")
+UNIT = (lambda v: 0 < v <= 1, "must be in (0, 1]")
+BELOW_1 = (lambda v: 0 <= v < 1, "must be in [0, 1)")
+REPORTERS = ("", "none", "tensorboard", "wandb")
 
 
-def option(default, help: str, choices: tuple | None = None, aliases: tuple = ()):
-    """A Config field with the help text (and allowed values) its command-line flag shows; `aliases`: other flags
-    for it (another library's name)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
+def zero_is(meaning: str) -> tuple:
+    """The check of a count or amount whose 0 means something: >= 0, the message saying what 0 means."""
+    return lambda v: v >= 0, f"must be >= 0 (0 = {meaning})"
+
+
+def listing(names) -> str:
+    """'a, b or c'."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(Knobs):
     # --- model and data
-    model: str = option("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
-                        "policy checkpoint: a local Hugging Face directory, a hub id, or 'tiny' (random, offline)")
+    model: str = option("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "policy checkpoint: a local Hugging "
+                        "Face directory, a hub id, or 'tiny' (random, offline)", check=NONEMPTY)
     tokenizer: str = option("", "tokenizer directory or hub id; empty = the one stored with --model")
-    data: str = option("agentica-org/DeepScaleR-Preview-Dataset",
-                       "training problems: a .jsonl/.json/.parquet file, a hub dataset id, or the built-in "
-                       "'arith' (options as arith:difficulty=2,n=2000)")
+    data: str = option("agentica-org/DeepScaleR-Preview-Dataset", "training problems: a .jsonl/.json/"
+                       ".parquet file, a hub dataset id, or the built-in 'arith' (options as "
+                       "arith:difficulty=2,n=2000)", check=NONEMPTY)
     data_split: str = option("train", "split to read from a hub dataset")
-    max_prompt_tokens: int = option(4096, "prompts longer than this are dropped (and counted) when the data is loaded")
-    instruction: str = option(MATH_INSTRUCTION, "appended to each math problem in its user turn: train.py's "
-                              "training, held-out and validation prompts, eval.py's math benchmarks (the paper's "
-                              "R1 prompt; '' = the problem alone)")
-    max_new_tokens: int = option(8192, "maximum response length in tokens; longer responses are truncated")
+    max_prompt_tokens: int = option(4096, "prompts longer than this are dropped (and counted) when the "
+                                    "data is loaded", check=AT_LEAST_1)
+    instruction: str = option(MATH_INSTRUCTION, "appended to each math problem in its user turn: "
+                              "train.py's training, held-out and validation prompts, eval.py's math "
+                              "benchmarks (the paper's R1 prompt; '' = the problem alone)")
+    max_new_tokens: int = option(8192, "maximum response length in tokens; longer responses are "
+                                 "truncated", check=AT_LEAST_1)
 
     # --- rollouts
-    prompts_per_step: int = option(64, "prompts drawn per training step")
-    group_size: int = option(4, "responses sampled per prompt (G); advantages are normalised within each group")
-    temperature: float = option(1.0, "sampling temperature of training rollouts")
-    top_p: float = option(1.0, "nucleus sampling threshold of training rollouts (1 = off)")
-    top_k: int = option(0, "sample only from the k most likely tokens (0 = off)")
-    min_p: float = option(0.0, "drop tokens with p < min_p x top p, after top-k / top-p (Soft Thinking's; 0 = off)")
-    after_thinking_top_k: int = option(-1, "Soft Thinking's after-thinking filters (its after_thinking_top_k, "
-                                       "_top_p, _min_p): a row that has sampled --stop-mixing-token samples with "
-                                       "these in place of --top-k / --top-p / --min-p (-1 = unchanged)")
-    after_thinking_top_p: float = option(-1.0, "see --after-thinking-top-k (-1 = --top-p)")
-    after_thinking_min_p: float = option(-1.0, "see --after-thinking-top-k (-1 = --min-p)")
-    rollout_batch_size: int = option(0, "rows (prompts x G) decoded together per generate call; 0 = all of a "
-                                        "step's rows at once. The KV cache grows with rows x (prompt + "
-                                        "max_new_tokens) (--plan shows it); more rows decode more tokens per "
-                                        "second, and the run names a larger size when one fits the GPU")
+    prompts_per_step: int = option(64, "prompts drawn per training step", check=AT_LEAST_1)
+    group_size: int = option(4, "responses sampled per prompt (G); advantages are normalised within each "
+                             "group", check=(lambda v: v >= 2, "must be at least 2: advantages compare the "
+                                             "responses of a group, so a group of one carries no learning "
+                                             "signal"))
+    temperature: float = option(1.0, "sampling temperature of training rollouts",
+                                check=zero_is("greedy, for evaluation only"))
+    top_p: float = option(1.0, "nucleus sampling threshold of training rollouts (1 = off)", check=UNIT)
+    top_k: int = option(0, "sample only from the k most likely tokens (0 = off)", check=zero_is("off"))
+    min_p: float = option(0.0, "drop tokens with p < min_p x top p, after top-k / top-p (Soft Thinking's; "
+                          "0 = off)", check=(lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"))
+    after_thinking_top_k: int = option(-1, "Soft Thinking's after-thinking filters (its "
+                                       "after_thinking_top_k, _top_p, _min_p): a row that has sampled "
+                                       "--stop-mixing-token samples with these in place of --top-k / "
+                                       "--top-p / --min-p (-1 = unchanged)",
+                                       check=(lambda v: v >= -1, "must be >= 0 (0 = off), or -1 (= --top-k)"))
+    after_thinking_top_p: float = option(-1.0, "see --after-thinking-top-k (-1 = --top-p)",
+                                         check=(lambda v: 0 < v <= 1 or v == -1,
+                                                "must be in (0, 1], or -1 (= --top-p)"))
+    after_thinking_min_p: float = option(-1.0, "see --after-thinking-top-k (-1 = --min-p)",
+                                         check=(lambda v: 0 <= v < 1 or v == -1,
+                                                "must be in [0, 1) (0 = off), or -1 (= --min-p)"))
+    rollout_batch_size: int = option(0, "rows (prompts x G) decoded together per generate call; 0 = all of "
+                                     "a step's rows at once. The KV cache grows with rows x (prompt + "
+                                     "max_new_tokens) (--plan shows it); more rows decode more tokens per "
+                                     "second, and the run names a larger size when one fits the GPU",
+                                     check=zero_is("all rows at once"))
 
-    # --- exploration (docs/algorithm.md, steps 2-6, and the baselines)
-    explore: str = option("neighbor", "exploration during rollouts: none = plain GRPO, neighbor = N-GRPO, "
-                          "soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures; the released "
-                          "code's others (docs/algorithm.md, 'Exploration strategies'): topk = the top tokens "
-                          "weighted by a second softmax, topk-gumbel = Gumbel-perturbed choice of them, "
-                          "gaussian_embed_noise = topk + Gaussian noise, orthogonal_noise = the greedy token + "
-                          "noise scaled by the other top tokens; soft-gumbel = Randomized Soft Thinking's "
-                          "Gumbel-softmax soft tokens (arXiv 2508.03440); mixinputs = Mixture of Inputs (2505.14827); "
-                          "multiplex = Multiplex Thinking's K sampled tokens merged, trained by their joint "
-                          "log-probability (2601.08808); soft-grpo = SofT-GRPO's Gumbel-softmax soft tokens, trained "
-                          "by the Gumbel-reparameterised log-probability (2511.06411), soft-grpo-dirichlet / "
-                          "soft-grpo-gaussian = its Dirichlet / Gaussian-noise variants (their -dir / -gau scripts)",
-                          ("none", "neighbor", "soft", "gaussian", "topk", "topk-gumbel", "gaussian_embed_noise",
-                           "orthogonal_noise", "soft-gumbel", "mixinputs", "multiplex", "soft-grpo",
-                           "soft-grpo-dirichlet", "soft-grpo-gaussian"))
-    mix_rate: float = option(0.1, "probability that a decode step feeds a mixture instead of the sampled token "
-                             "(per sequence, per step)")
-    mix_entropy_threshold: float = option(0.0, "> 0: mix the steps whose entropy reaches this instead of the "
-                                          "--mix-rate coin (the released code's mix_rate: null mode); the entropy "
-                                          "is the release's, of softmax(p / temperature) with p already softmaxed, "
-                                          "which stays within ~1/V of log V (docs/algorithm.md). 0 = off")
-    mix_feed: str = option("sampler", "sampler = feed the mixture to the next decode step (the method as "
-                           "described); replay-only = record the same mixture but feed the sampled token, "
-                           "training still replays the mixtures (what the released rollouts did under sglang's "
-                           "CUDA graphs, by reading: docs/paper-vs-release.md)", ("sampler", "replay-only"))
-    num_neighbors: int = option(1, "semantic neighbors mixed with the greedy anchor token")
-    mix_weights: str = option("code", "weights over [anchor, neighbors]: code = softmax(p / temperature) as the "
-                              "released code does; renorm = p renormalised over the candidates (the paper's figure)",
-                              ("code", "renorm"))
-    neighbor_space: str = option("output", "matrix searched for neighbors: output = lm_head (released code), "
-                                 "input = the embedding matrix (mixing always uses the input embeddings)",
-                                 ("output", "input"))
-    neighbor_metric: str = option("cosine", "similarity that ranks neighbors", ("cosine", "dot", "l2", "l1"))
-    neighbor_refresh: int = option(0, "rebuild the neighbor table every N optimizer steps (0 = build once)")
+    # --- exploration (docs/algorithm.md): --explore picks a method of strategies/; its knobs are its own
+    explore: str = option("neighbor", "exploration during rollouts: " + "; ".join(
+        f"{name} = {strategy.about}" for name, strategy in STRATEGIES.items()), choices=tuple(STRATEGIES))
     stop_mixing_token: str = option("</think>", "mixing stops for good after a sequence samples this token "
                                     "(empty = never stops)")
-    soft_top_k: int = option(10, "soft, gaussian and the released code's topk, topk-gumbel, gaussian_embed_noise, "
-                             "orthogonal_noise: number of top tokens (Soft Thinking's scripts use 10)")
-    mix_temperature: float = option(0.0, "soft / gaussian: mixture weights p^(1/t) renormalised over the top "
-                                    "tokens (0 = the renormalised probabilities); the released code's strategies: "
-                                    "softmax(p / (temperature t)) (0 = t of 1)")
-    noise_sigma: float = option(0.33, "gaussian / gaussian_embed_noise: noise std as a fraction of the fed "
-                                "input's RMS")
-    mixinputs_beta: float = option(1.0, "mixinputs: the sampled token's concentration beta, posterior (prior + "
-                                   "beta onehot(y)) / (1 + beta) (MIXINPUTS_BETA; <= -99: direct mixture)")
-    gumbel_temperature: float = option(0.5, "soft-gumbel / soft-grpo: the Gumbel-softmax temperature (SofT-GRPO's "
-                                       "gumbel_softmax_temperature is 0.1; Randomized Soft "
-                                       "Thinking's --gumbel_temperature in its math scripts)")
-    early_stopping_entropy_threshold: float = option(0.0, "soft / soft-gumbel / multiplex: Soft Thinking's Cold "
-                                                     "Stop: force --stop-mixing-token once the entropy (nats) stays "
-                                                     "under this for the next flag's steps in a row (0 = off)")
-    early_stopping_length_threshold: int = option(256, "soft / soft-gumbel / multiplex: Cold Stop's steps")
-    dirichlet_alpha: float = option(0.0, "soft / soft-gumbel / multiplex: Dirichlet noise, p replaced by a draw of "
-                                    "Dirichlet(alpha p) before the top-k or the K draws (Soft Thinking's "
-                                    "--add_noise_dirichlet --dirichlet_alpha, its sglang layers/sampler.py, and "
-                                    "Multiplex Thinking's; 0 = off)")
-    noise_factor: float = option(1.0, "soft-grpo: the scale of the clamped Gumbel noise added to log q in g' "
-                                 "(SofT-GRPO's rollout.noise_factor, 1 in its scripts; the loss still scores "
-                                 "g' - log q as one Gumbel draw, as theirs does)")
-    multiplex_width: int = option(3, "multiplex: K, the tokens drawn from the sampling distribution at each thinking "
-                                  "step (Multiplex Thinking's max_topk / MULTIPLEX_WIDTH; 3 in its run_train.sh)")
-    multiplex_weights: str = option("uniform", "multiplex: the merge, uniform = the K embeddings' plain average (its "
-                                    "enable_unweighting=True, run_train.sh); probs = weighted by p(token) "
-                                    "renormalised over the K", ("uniform", "probs"))
-    multiplex_replacement: bool = option(True, "multiplex: draw the K tokens with replacement (its "
-                                         "enable_replacement=True, run_train.sh); off: K distinct tokens")
-    multiplex_gumbel_tau: float = option(0.0, "multiplex: > 0: its enable_gumbel, p replaced by softmax((log p + g) / "
-                                         "tau) over the vocabulary (a Gumbel draw g per token) before the K draws; "
-                                         "tau = this, its gumbel_tau (0 = off, as in its recipe)")
-    multiplex_entropy_mask: float = option(0.0, "multiplex: > 0: its enable_entropy_mask, only thinking steps whose "
-                                           "entropy of p (nats) exceeds this are mixed (0 = off, as in its recipe)")
-    freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's FSDP setup "
-                                     "does in N-GRPO runs)")
+    freeze_embeddings: bool = option(False, "do not train the input embeddings (as the released code's "
+                                     "FSDP setup does in N-GRPO runs)")
 
     # --- reward (docs/reward.md)
-    grader: str = option("ours", "answer checker: ours = exact, sympy-based (grading/grader.py); math-verify = the "
-                         "released code's (pip install math-verify)", ("ours", "math-verify"))
+    grader: str = option("ours", "answer checker: ours = exact, sympy-based (grading/grader.py); "
+                         "math-verify = the released code's (pip install math-verify)",
+                         choices=("ours", "math-verify"))
     reward: str = option("", "your own reward f(response, reference) -> float, as module:function or "
-                         "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = the grader)")
+                         "path/to/file.py:function; it runs in the checker's time-bounded workers (empty = "
+                         "the grader)")
     require_boxed: bool = option(False, "only \\boxed answers count (a format-strict reward); by default a "
                                  "final answer stated without a box counts too")
-    rel_tol: float = option(0.0, "our grader's relative tolerance on numbers: |answer - reference| <= rel_tol x "
-                            "|reference| counts as equal (0 = exact; an integer reference stays exact). eval.py: each "
-                            "benchmark's published rule unless given (TheoremQA 0.04; docs/reward.md)")
-    reward_timeout_s: float = option(5.0, "seconds one answer's check may take (the grader's or --reward's): past "
-                                     "it the check's worker is killed and the answer scores 0, counted in "
-                                     "reward_timeouts")
-    reward_fail_steps: int = option(3, "stop the run once no answer of a step could be scored (each check raised, "
-                                    "timed out or returned no finite number) for this many steps in a row "
-                                    "(0 = never stop)")
+    rel_tol: float = option(0.0, "our grader's relative tolerance on numbers: |answer - reference| <= "
+                            "rel_tol x |reference| counts as equal (0 = exact; an integer reference stays "
+                            "exact). eval.py: each benchmark's published rule unless given (TheoremQA 0.04; "
+                            "docs/reward.md)", check=BELOW_1)
+    reward_timeout_s: float = option(5.0, "seconds one answer's check may take (the grader's or "
+                                     "--reward's): past it the check's worker is killed and the answer "
+                                     "scores 0, counted in reward_timeouts", check=POSITIVE)
+    reward_fail_steps: int = option(3, "stop the run once no answer of a step could be scored (each check "
+                                    "raised, timed out or returned no finite number) for this many steps in "
+                                    "a row (0 = never stop)", check=zero_is("never stop"))
 
     # --- the GRPO / PPO update
-    loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio exp(mean(logp - old_logp))",
-                       ("grpo", "gspo"))
-    scale_rewards: str = option("group", "divide group-centred rewards by the group's std (group), by the std of "
-                                "the whole batch's rewards (batch), or not at all (none, Dr. GRPO)",
-                                ("group", "batch", "none"))
-    adv_eps: float = option(1e-6, "added to the std before dividing")
-    clip_low: float = option(0.2, "PPO clip: ratio floor is 1 - clip_low")
-    clip_high: float = option(0.2, "PPO clip: ratio ceiling is 1 + clip_high (raise it for clip-higher)")
-    dual_clip: float = option(3.0, "dual clip for negative advantages: the loss is at most -c * A (0 = off)")
-    kl_coef: float = option(0.01, "coefficient of the KL to the reference model (0 = no reference model)")
-    kl_estimator: str = option("low-var", "the per-token KL estimate (Schulman 2020; docs/estimators.md): k1 = "
-                               "logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(d) - d - 1, d = ref - logp (TRL's); "
-                               "low-var = k3 clamped, the released code's and verl's low_var_kl",
-                               ("k1", "k2", "k3", "low-var"))
-    kl_in_reward: bool = option(False, "put the KL in the reward instead of the loss: each response's reward less "
-                                "kl_coef x the sum of its tokens' KL estimates, before the advantages (verl's "
-                                "use_kl_in_reward, OpenRLHF's and NeMo RL's reward KL)")
-    entropy_coef: float = option(0.0, "entropy bonus: the loss minus this x the mean entropy of the policy at each "
-                                 "response token (its gradient through the chunked log-prob pass), as verl's "
-                                 "entropy_coeff and TRL's; 0 = off, as in the released runs. With --entropy-target: "
-                                 "the adaptive coefficient's ceiling")
-    entropy_target: float = option(0.0, "> 0: adaptive entropy control (Skywork-OR1, arXiv 2505.22312): the bonus "
-                                   "is on while the rollouts' entropy is at most this, its coefficient moving by "
-                                   "--entropy-coef-delta a step toward holding it; 0 = the fixed --entropy-coef")
+    loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio "
+                       "exp(mean(logp - old_logp))", choices=("grpo", "gspo"))
+    scale_rewards: str = option("group", "divide group-centred rewards by the group's std (group), by the "
+                                "std of the whole batch's rewards (batch), or not at all (none, Dr. GRPO)",
+                                choices=("group", "batch", "none"))
+    adv_eps: float = option(1e-6, "added to the std before dividing",
+                            check=(lambda v: v > 0, "must be > 0: it keeps a group whose rewards are all "
+                                   "equal from dividing by zero (a negative one flips the advantages' sign)"))
+    clip_low: float = option(0.2, "PPO clip: ratio floor is 1 - clip_low",
+                             check=(lambda v: 0 <= v < 1, "must be in [0, 1): the ratio's floor 1 - clip_low "
+                                    "must stay above 0"))
+    clip_high: float = option(0.2, "PPO clip: ratio ceiling is 1 + clip_high (raise it for clip-higher)",
+                              check=AT_LEAST_0)
+    dual_clip: float = option(3.0, "dual clip for negative advantages: the loss is at most -c * A (0 = off)",
+                              check=(lambda v: v == 0 or v > 1, "must be 0 (off) or > 1"))
+    kl_coef: float = option(0.01, "coefficient of the KL to the reference model (0 = no reference model)",
+                            check=zero_is("no reference model"))
+    kl_estimator: str = option("low-var", "the per-token KL estimate (Schulman 2020; docs/estimators.md): "
+                               "k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(d) - d - 1, d = ref - logp "
+                               "(TRL's); low-var = k3 clamped, the released code's and verl's low_var_kl",
+                               choices=tuple(KL_ESTIMATORS))
+    kl_in_reward: bool = option(False, "put the KL in the reward instead of the loss: each response's reward "
+                                "less kl_coef x the sum of its tokens' KL estimates, before the advantages "
+                                "(verl's use_kl_in_reward, OpenRLHF's and NeMo RL's reward KL)")
+    entropy_coef: float = option(0.0, "entropy bonus: the loss minus this x the mean entropy of the policy at "
+                                 "each response token (its gradient through the chunked log-prob pass), as "
+                                 "verl's entropy_coeff and TRL's; 0 = off, as in the released runs. With "
+                                 "--entropy-target: the adaptive coefficient's ceiling", check=AT_LEAST_0)
+    entropy_target: float = option(0.0, "> 0: adaptive entropy control (Skywork-OR1, arXiv 2505.22312): the "
+                                   "bonus is on while the rollouts' entropy is at most this, its coefficient "
+                                   "moving by --entropy-coef-delta a step toward holding it; 0 = the fixed "
+                                   "--entropy-coef", check=AT_LEAST_0)
     entropy_coef_delta: float = option(0.0005, "adaptive entropy control: the coefficient's change per step "
-                                       "(Skywork-OR1's Delta, arXiv 2505.22312)")
-    top_entropy_quantile: float = option(1.0, "the policy gradient only on this fraction of the batch's response "
-                                         "tokens, those of highest entropy under the policy that drew them (Wang et "
-                                         "al., arXiv 2506.01939: 0.2; TRL's top_entropy_quantile, the release's "
-                                         "entropy_top_ratio); the KL and the bonus still see every token; 1 = all",
+                                       "(Skywork-OR1's Delta, arXiv 2505.22312)", check=AT_LEAST_0)
+    top_entropy_quantile: float = option(1.0, "the policy gradient only on this fraction of the batch's "
+                                         "response tokens, those of highest entropy under the policy that "
+                                         "drew them (Wang et al., arXiv 2506.01939: 0.2; TRL's "
+                                         "top_entropy_quantile, the release's entropy_top_ratio); the KL and "
+                                         "the bonus still see every token; 1 = all", check=UNIT,
                                          aliases=("--entropy-top-ratio",))
-    old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded inputs; "
-                           "rollout = the sampler's own", ("replay", "rollout"))
-    rollout_is: str = option("none", "correct the sampler-vs-policy mismatch (docs/algorithm.md, 'The sampler is "
-                             "not the policy') with w = pi_train(y) / pi_sampler(y), the replayed old policy's "
-                             "probability of each sampled token over the sampler's: token-truncate = each token's "
-                             "loss times min(w, C); token-mask = times w, or 0 where w is outside [lower, C]; "
-                             "sequence-truncate / sequence-mask = the same with one w per sequence, the geometric "
-                             "mean of its tokens'. none = the released behaviour; the mismatch is logged in every "
-                             "mode", ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"))
-    rollout_is_cap: float = option(2.0, "--rollout-is: C, the truncation cap and the mask modes' upper bound")
-    rollout_is_lower: float = option(0.0, "--rollout-is token-mask / sequence-mask: weights below this are masked "
-                                     "(0 = 1 / C)")
-    loss_agg: str = option("token-mean", "how token losses become the loss: token-mean = over all response tokens "
-                           "of the mini-batch; seq-mean-token-mean = mean per sequence, then over sequences; "
-                           "seq-mean-token-sum-norm = each sequence's sum / max_new_tokens, then mean over sequences "
-                           "(Dr. GRPO); token-mean-per-rows = the token mean of each run of --loss-agg-rows "
-                           "consecutive sequences, then the mean over those runs (what the released verl runs "
-                           "computed with 2 sequences per GPU micro-batch). --loss gspo without --loss-agg: "
-                           "seq-mean-token-mean", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                                                   "token-mean-per-rows"))
-    loss_agg_rows: int = option(2, "token-mean-per-rows: sequences per run (a loss definition: independent of "
-                                "--micro-batch-size)")
-    ppo_epochs: int = option(1, "passes over each rollout batch")
-    mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)")
-    micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does not "
-                                   "change the gradient)")
+    old_logp: str = option("replay", "old-policy log-probs: replay = a no-grad forward over the recorded "
+                           "inputs; rollout = the sampler's own", choices=("replay", "rollout"))
+    rollout_is: str = option("none", "correct the sampler-vs-policy mismatch (docs/algorithm.md, 'The "
+                             "sampler is not the policy') with w = pi_train(y) / pi_sampler(y), the replayed "
+                             "old policy's probability of each sampled token over the sampler's: "
+                             "token-truncate = each token's loss times min(w, C); token-mask = times w, or 0 "
+                             "where w is outside [lower, C]; sequence-truncate / sequence-mask = the same "
+                             "with one w per sequence, the geometric mean of its tokens'. none = the released "
+                             "behaviour; the mismatch is logged in every mode",
+                             choices=("none", "token-truncate", "token-mask", "sequence-truncate",
+                                      "sequence-mask"))
+    rollout_is_cap: float = option(2.0, "--rollout-is: C, the truncation cap and the mask modes' upper "
+                                   "bound", check=(lambda v: v > 1, "must be > 1: the weights are ratios "
+                                                   "around 1"))
+    rollout_is_lower: float = option(0.0, "--rollout-is token-mask / sequence-mask: weights below this are "
+                                     "masked (0 = 1 / C)", check=(lambda v: 0 <= v < 1, "must be in [0, 1) "
+                                                                  "(0 = 1 / --rollout-is-cap)"))
+    loss_agg: str = option("token-mean", "how token losses become the loss: token-mean = over all response "
+                           "tokens of the mini-batch; seq-mean-token-mean = mean per sequence, then over "
+                           "sequences; seq-mean-token-sum-norm = each sequence's sum / max_new_tokens, then "
+                           "mean over sequences (Dr. GRPO); token-mean-per-rows = the token mean of each run "
+                           "of --loss-agg-rows consecutive sequences, then the mean over those runs (what the "
+                           "released verl runs computed with 2 sequences per GPU micro-batch). --loss gspo "
+                           "without --loss-agg: seq-mean-token-mean",
+                           choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                                    "token-mean-per-rows"))
+    loss_agg_rows: int = option(2, "token-mean-per-rows: sequences per run (a loss definition: independent "
+                                "of --micro-batch-size)", check=AT_LEAST_1)
+    ppo_epochs: int = option(1, "passes over each rollout batch", check=AT_LEAST_1)
+    mini_batch_prompts: int = option(16, "prompts per optimizer step (their G responses each)",
+                                     check=AT_LEAST_1)
+    micro_batch_size: int = option(4, "sequences per forward/backward pass (gradient accumulation; does "
+                                   "not change the gradient)", check=AT_LEAST_1)
     micro_batch_tokens: int = option(0, "> 0: form micro-batches by this token budget instead of "
-                                     "--micro-batch-size: rows sorted by length, grouped so that rows x padded "
-                                     "length (prompt + response) <= N; same gradient, less padding "
-                                     "(docs/micro-batches.md). 0 = fixed rows")
-    pack: bool = option(False, "lay each micro-batch's rows end to end as one sequence (RoPE restarting per row, "
-                        "attention within each row): no padded position is computed; the same gradient")
+                                     "--micro-batch-size: rows sorted by length, grouped so that rows x "
+                                     "padded length (prompt + response) <= N; same gradient, less padding "
+                                     "(docs/micro-batches.md). 0 = fixed rows",
+                                     check=zero_is("--micro-batch-size rows"))
+    pack: bool = option(False, "lay each micro-batch's rows end to end as one sequence (RoPE restarting per "
+                        "row, attention within each row): no padded position is computed; the same gradient")
 
     # --- the GRPO family (docs/algorithm.md): NGRPO's calibrated advantages, DAPO's sampling and shaping
-    adv_estimator: str = option("grpo", "each response's advantage from its group's rewards (docs/estimators.md): "
-                                "grpo = group-normalised; negative = NGRPO (Nan et al. 2025): each group's mean and "
-                                "std also count virtual samples of the maximum reward, so an all-wrong group gets "
-                                "negative advantages; rloo = r minus the mean of the others (arXiv 2402.14740); "
-                                "reinforce-baseline = REINFORCE++'s group-centred, batch-whitened (arXiv "
-                                "2501.03262); passk = an unbiased gradient of pass@k (Walder and Karkhanis, arXiv "
-                                "2505.15201)", ("grpo", "negative", "rloo", "reinforce-baseline", "passk"),
-                                aliases=("--advantage",))
-    pass_k: int = option(2, "passk: the k of the pass@k the advantage is an unbiased gradient of (Walder and "
-                         "Karkhanis, arXiv 2505.15201; 1 = rloo; at most --group-size)")
-    virtual_max_reward: float = option(1.0, "negative: the reward of each virtual sample")
-    virtual_max_count: int = option(1, "negative: virtual samples added to each group (m)")
-    filter_groups: str = option("none", "drop groups with no learning signal before the update: all = every group "
-                                "whose rewards are all equal, all_correct = all 1, all_incorrect = all 0 (DAPO's "
-                                "dynamic sampling)", ("none", "all", "all_correct", "all_incorrect"))
-    refill: bool = option(False, "with --filter-groups: draw and roll out more prompts until prompts_per_step "
-                          "groups are kept (or --max-refill-draws is reached)")
-    max_refill_draws: int = option(4, "with --refill: extra prompt batches drawn per step at most")
-    mask_truncated: bool = option(False, "responses cut at max_new_tokens get no loss (DAPO's overlong filtering)")
-    overlong_buffer: int = option(0, "DAPO's soft overlong penalty over the last L tokens before max_new_tokens: "
-                                  "a response of length n > max - L gets (max - L - n) / L * factor added to its "
-                                  "reward (0 = off)")
-    overlong_penalty_factor: float = option(1.0, "the overlong penalty at n = max_new_tokens is -factor")
+    adv_estimator: str = option("grpo", "each response's advantage from its group's rewards "
+                                "(docs/estimators.md): " + "; ".join(
+                                    f"{name} = {e.about}" for name, e in ADVANTAGES.items()),
+                                choices=tuple(ADVANTAGES), aliases=("--advantage",))
+    pass_k: int = option(2, "the k of the pass@k the advantage is an unbiased gradient of (Walder and "
+                         "Karkhanis, arXiv 2505.15201; 1 = rloo; at most --group-size)", check=AT_LEAST_1)
+    virtual_max_reward: float = option(1.0, "the reward of each virtual sample")
+    virtual_max_count: int = option(1, "virtual samples added to each group (m)", check=AT_LEAST_1)
+    filter_groups: str = option("none", "drop groups with no learning signal before the update: all = every "
+                                "group whose rewards are all equal, all_correct = all 1, all_incorrect = all "
+                                "0 (DAPO's dynamic sampling)",
+                                choices=("none", "all", "all_correct", "all_incorrect"))
+    refill: bool = option(False, "with --filter-groups: draw and roll out more prompts until "
+                          "prompts_per_step groups are kept (or --max-refill-draws is reached)")
+    max_refill_draws: int = option(4, "with --refill: extra prompt batches drawn per step at most",
+                                   check=AT_LEAST_0)
+    mask_truncated: bool = option(False, "responses cut at max_new_tokens get no loss (DAPO's overlong "
+                                  "filtering)")
+    overlong_buffer: int = option(0, "DAPO's soft overlong penalty over the last L tokens before "
+                                  "max_new_tokens: a response of length n > max - L gets (max - L - n) / L * "
+                                  "factor added to its reward (0 = off)", check=AT_LEAST_0)
+    overlong_penalty_factor: float = option(1.0, "the overlong penalty at n = max_new_tokens is -factor",
+                                            check=AT_LEAST_0)
 
     # --- optimizer
-    lr: float = option(5e-7, "AdamW learning rate (the peak one with --lr-schedule cosine)")
-    lr_schedule: str = option("constant", "learning rate over the steps: constant (the released runs), or cosine: "
-                              "linear warm-up over --warmup-steps, then a cosine decay to --min-lr-ratio x lr "
-                              "at the last step", choices=("constant", "cosine"))
-    warmup_steps: int = option(0, "with --lr-schedule cosine: steps of linear warm-up from lr / warmup_steps")
-    min_lr_ratio: float = option(0.0, "with --lr-schedule cosine: the learning rate at the last step, over lr")
-    weight_decay: float = option(0.01, "AdamW weight decay")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
-    grad_checkpointing: bool = option(True, "recompute each block's activations in the backward pass: what makes "
-                                            "8k-token sequences fit (--no-grad-checkpointing to store them)")
-    logprob_chunk_tokens: int = option(1024, "positions whose vocabulary logits exist at once when computing "
-                                       "log-probs (memory O(chunk x V), never O(B x T x V))")
+    lr: float = option(5e-7, "AdamW learning rate (the peak one with --lr-schedule cosine)",
+                       check=STEP_SIZE)
+    lr_schedule: str = option("constant", "learning rate over the steps: constant (the released runs), or "
+                              "cosine: linear warm-up over --warmup-steps, then a cosine decay to "
+                              "--min-lr-ratio x lr at the last step", choices=("constant", "cosine"))
+    warmup_steps: int = option(0, "with --lr-schedule cosine: steps of linear warm-up from lr / "
+                               "warmup_steps", check=AT_LEAST_0)
+    min_lr_ratio: float = option(0.0, "with --lr-schedule cosine: the learning rate at the last step, over "
+                                 "lr", check=FRACTION)
+    weight_decay: float = option(0.01, "AdamW weight decay", check=AT_LEAST_0)
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)",
+                              check=zero_is("off"))
+    grad_checkpointing: bool = option(True, "recompute each block's activations in the backward pass: what "
+                                      "makes 8k-token sequences fit (--no-grad-checkpointing to store them)")
+    logprob_chunk_tokens: int = option(1024, "positions whose vocabulary logits exist at once when "
+                                       "computing log-probs (memory O(chunk x V), never O(B x T x V))",
+                                       check=AT_LEAST_1)
 
     # --- low-rank adapters (LoRA: Hu et al., arXiv 2106.09685; runtime/lora.py, docs/lora.md)
-    lora_rank: int = option(0, "rank r of low-rank adapters (LoRA, Hu et al., arXiv 2106.09685): the model's weights "
-                            "stay frozen and AdamW trains only A [r, in] and B [out, r] of each --lora-targets "
-                            "projection, W + (alpha / r) B A; the sampler decodes with the merged weights, the KL "
-                            "reference is the model with its adapters off, checkpoints hold the adapters in PEFT's "
-                            "format. 0 = off: full fine-tuning, as in the paper")
-    lora_alpha: float = option(16.0, "LoRA's alpha: the adapters' update is scaled by alpha / --lora-rank")
-    lora_dropout: float = option(0.0, "dropout on each adapter's input in the update (PEFT's lora_dropout; 0 = none)")
-    lora_targets: str = option(",".join(LORA_TARGETS), "the projections of every block that get adapters, "
-                               "comma-separated, named as in Hugging Face checkpoints and PEFT's target_modules")
+    lora_rank: int = option(0, "rank r of low-rank adapters (LoRA, Hu et al., arXiv 2106.09685): the "
+                            "model's weights stay frozen and AdamW trains only A [r, in] and B [out, r] of "
+                            "each --lora-targets projection, W + (alpha / r) B A; the sampler decodes with "
+                            "the merged weights, the KL reference is the model with its adapters off, "
+                            "checkpoints hold the adapters in PEFT's format. 0 = off: full fine-tuning, as "
+                            "in the paper", check=zero_is("off: full fine-tuning"))
+    lora_alpha: float = option(16.0, "LoRA's alpha: the adapters' update is scaled by alpha / --lora-rank",
+                               check=POSITIVE)
+    lora_dropout: float = option(0.0, "dropout on each adapter's input in the update (PEFT's lora_dropout; "
+                                 "0 = none)", check=BELOW_1)
+    lora_targets: str = option(",".join(PROJECTIONS), "the projections of every block that get adapters, "
+                               "comma-separated, named as in Hugging Face checkpoints and PEFT's "
+                               "target_modules")
 
     # --- supervised warm start (the demo: teach a random model the answer format before RL)
     sft_steps: int = option(0, "teacher-forced steps on the data's worked solutions before RL, at most "
-                            "(0 = none; with --sft-target-accuracy the warm start may stop sooner)")
-    sft_lr: float = option(1e-3, "AdamW learning rate of the warm start")
-    sft_batch_size: int = option(32, "problems per warm-start step")
-    sft_target_accuracy: float = option(0.0, "stop the warm start once greedy accuracy on --sft-dev-problems "
-                                        "training problems kept out of it reaches this, so that RL starts "
-                                        "from the same skill on any CPU (0 = always run --sft-steps)")
-    sft_dev_problems: int = option(100, "with --sft-target-accuracy: the last N training problems, held out "
-                                   "of the warm start and scored greedily every --sft-eval-every steps")
-    sft_eval_every: int = option(25, "with --sft-target-accuracy: warm-start steps between two dev checks")
+                            "(0 = none; with --sft-target-accuracy the warm start may stop sooner)",
+                            check=zero_is("none"))
+    sft_lr: float = option(1e-3, "AdamW learning rate of the warm start", check=STEP_SIZE)
+    sft_batch_size: int = option(32, "problems per warm-start step", check=AT_LEAST_1)
+    sft_target_accuracy: float = option(0.0, "stop the warm start once greedy accuracy on "
+                                        "--sft-dev-problems training problems kept out of it reaches this, "
+                                        "so that RL starts from the same skill on any CPU (0 = always run "
+                                        "--sft-steps)", check=(lambda v: 0 <= v <= 1,
+                                                               "must be in [0, 1] (0 = off)"))
+    sft_dev_problems: int = option(100, "with --sft-target-accuracy: the last N training problems, held "
+                                   "out of the warm start and scored greedily every --sft-eval-every steps",
+                                   check=AT_LEAST_1)
+    sft_eval_every: int = option(25, "with --sft-target-accuracy: warm-start steps between two dev checks",
+                                 check=AT_LEAST_1)
 
     # --- the run
-    preset: str = option("", "the --preset the run started from (set by --preset, recorded in config.json; not a "
-                         "flag of its own)")
-    seed: int = option(0, "seed of data order, rollouts and initialisation")
-    max_steps: int = option(0, "training steps to run (0 = one pass over the data)")
-    out_dir: str = option("runs/ngrpo", "directory for config.json, metrics.jsonl, checkpoints and summary.json")
-    save_every: int = option(50, "write a checkpoint every N steps (0 = only at the end)")
-    keep_last: int = option(2, "checkpoints kept on disk (older ones are deleted)")
+    preset: str = option("", "the --preset the run started from (set by --preset, recorded in "
+                         "config.json; not a flag of its own)")
+    seed: int = option(0, "seed of data order, rollouts and initialisation",  # torch.manual_seed, 64-bit hashes
+                       check=(lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"))
+    max_steps: int = option(0, "training steps to run (0 = one pass over the data)",
+                            check=zero_is("one pass over the data"))
+    out_dir: str = option("runs/ngrpo", "directory for config.json, metrics.jsonl, checkpoints and "
+                          "summary.json", check=NONEMPTY)
+    save_every: int = option(50, "write a checkpoint every N steps (0 = only at the end)",
+                             check=zero_is("only at the end"))
+    keep_last: int = option(2, "checkpoints kept on disk (older ones are deleted)", check=zero_is("keep all"))
     resume: bool = option(False, "continue exactly from the latest complete checkpoint in --out-dir")
-    overwrite: bool = option(False, "start a new run in an --out-dir that holds an earlier run, deleting all of it "
-                                    "(checkpoints, metrics, completions, warm start, ...; without it such a run stops "
-                                    "at once, except that the tiny and demo presets replace their own earlier output; "
-                                    "ignored with --resume)")
-    allow_config_change: bool = option(False, "with --resume: continue even though settings other than how the "
-                                       "run is driven (steps, saving, logging, device) differ from the checkpoint's")
+    overwrite: bool = option(False, "start a new run in an --out-dir that holds an earlier run, deleting all "
+                             "of it (checkpoints, metrics, completions, warm start, ...; without it such a "
+                             "run stops at once, except that the tiny and demo presets replace their own "
+                             "earlier output; ignored with --resume)")
+    allow_config_change: bool = option(False, "with --resume: continue even though settings other than how "
+                                       "the run is driven (steps, saving, logging, device) differ from the "
+                                       "checkpoint's")
     log_completions_every: int = option(10, "print two sample completions every N steps and append them to "
-                                        "OUT/completions.jsonl (0 = never)")
-    report_to: str = option("", "also send metrics, the config and logged completions to: tensorboard, wandb "
-                            "(comma-separated; optional packages; metrics.jsonl stays the record); empty = none")
-    eval_data: str = option("", "held-out problems for accuracy before / after training (a file or arith:...); "
-                            "empty = the test split of a built-in --data, else none")
-    eval_problems: int = option(0, "held-out problems scored (greedy) before and after training (0 = no held-out eval)")
-    eval_every: int = option(0, "also score the held-out problems every N steps (0 = only before and after)")
+                                        "OUT/completions.jsonl (0 = never)", check=zero_is("never"))
+    report_to: str = option("", "also send metrics, the config and logged completions to: tensorboard, "
+                            "wandb (comma-separated; optional packages; metrics.jsonl stays the record); "
+                            "empty = none", check=(lambda v: all(n.strip() in REPORTERS for n in v.split(",")),
+                                                   "takes tensorboard, wandb or both (comma-separated)"))
+    eval_data: str = option("", "held-out problems for accuracy before / after training (a file or "
+                            "arith:...); empty = the test split of a built-in --data, else none")
+    eval_problems: int = option(0, "held-out problems scored (greedy) before and after training (0 = no "
+                                "held-out eval)", check=zero_is("no held-out eval"))
+    eval_every: int = option(0, "also score the held-out problems every N steps (0 = only before and "
+                             "after)", check=zero_is("only before and after"))
     device: str = option("", "cuda or cpu (empty = cuda when available; under torchrun each rank uses "
-                              "cuda:LOCAL_RANK)")
+                         "cuda:LOCAL_RANK)", check=(lambda v: v in ("", "cpu", "cuda") or v.startswith("cuda:"),
+                                                    "must be cpu, cuda or cuda:N"))
     dist_timeout_s: float = option(1800.0, "under torchrun: a rank that waits this long for the others (one "
-                                   "hung or died) stops the job with an error instead of waiting for ever")
+                                   "hung or died) stops the job with an error instead of waiting for ever",
+                                   check=POSITIVE)
 
     # --- validation during training: eval.py's protocol on benchmarks, as the released runs did
     val_data: str = option("", "benchmarks sampled and scored during training, as eval.py's --benchmarks "
-                           "(aime24, ..., or .jsonl files); empty = no validation")
-    val_n: int = option(32, "samples per validation problem (Mean@n, Pass@k as eval.py reports them)")
-    val_limit: int = option(0, "only the first N problems of each validation set (0 = all)")
-    val_temperature: float = option(0.6, "sampling temperature of validation (0 = greedy)")
-    val_top_p: float = option(0.95, "nucleus threshold of validation sampling")
-    val_every: int = option(0, "validate every N steps (0 = only after the last step)")
+                           "(aime24, ..., or .jsonl files); empty = no validation",
+                           check=(lambda v: v == "" or all(n.strip() for n in v.split(",")),
+                                  "names benchmarks separated by commas, none of them empty"))
+    val_n: int = option(32, "samples per validation problem (Mean@n, Pass@k as eval.py reports them)",
+                        check=AT_LEAST_1)
+    val_limit: int = option(0, "only the first N problems of each validation set (0 = all)",
+                            check=zero_is("all"))
+    val_temperature: float = option(0.6, "sampling temperature of validation (0 = greedy)",
+                                    check=zero_is("greedy"))
+    val_top_p: float = option(0.95, "nucleus threshold of validation sampling", check=UNIT)
+    val_every: int = option(0, "validate every N steps (0 = only after the last step)",
+                            check=zero_is("only after the last step"))
     val_before_train: bool = option(False, "also validate the starting model (summary.json: val_before)")
-    keep_best: str = option("", "keep the weights of the step with the highest value of this validation metric "
-                            "(e.g. val/aime24/mean@32) in OUT/best, beside the latest checkpoints")
+    keep_best: str = option("", "keep the weights of the step with the highest value of this validation "
+                            "metric (e.g. val/aime24/mean@32) in OUT/best, beside the latest checkpoints")
 
     def __post_init__(self):
-        problems = [(f.name, f"must be one of {', '.join(f.metadata['choices'])}") for f in fields(self)
-                    if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]]
-        problems += [(f.name, "must be a finite number") for f in fields(self)
-                     if f.type is float and not math.isfinite(getattr(self, f.name))]
-        problems += [(f.name, "must be text (UTF-8): it holds bytes that are not") for f in fields(self)
-                     if f.type is str and not is_text(getattr(self, f.name))]
-        problems += [(name, allowed) for name, (ok, allowed) in RANGES.items()
-                     if (name, "must be a finite number") not in problems and not ok(getattr(self, name))]
-        problems += [(name, message) for name, ok, message in combination_rules(self) if not ok]
-        if problems:
-            raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
+        found = problems(self) + [(name, message) for name, ok, message in combination_rules(self) if not ok]
+        if found:
+            raise ConfigError([(name, getattr(self, name), message) for name, message in found])
 
     @property
     def filters_tokens(self) -> bool:
         """Whether top-k, top-p or min-p removes tokens from the sampling distribution, thinking or after."""
         thinking = (self.top_p, self.top_k, self.min_p)
         after = (self.after_thinking_top_p, self.after_thinking_top_k, self.after_thinking_min_p)
-        return any(t != (1.0, 0, 0.0) for t in (thinking, tuple(t if a == -1 else a for t, a in zip(thinking, after))))
+        resolved = tuple(t if a == -1 else a for t, a in zip(thinking, after))
+        return any(t != (1.0, 0, 0.0) for t in (thinking, resolved))
 
     def check_vocabulary(self, vocab_size: int, model: str) -> None:
         """The rules that need the model's vocabulary size: a ConfigError naming the flag."""
-        problems = []
-        if self.explore == "neighbor" and self.num_neighbors >= vocab_size:
-            problems.append(("num_neighbors", f"must be below the vocabulary size of --model {model} ({vocab_size})"))
-        if self.explore not in ("none", "neighbor", "mixinputs", "multiplex") and self.soft_top_k > vocab_size:
-            problems.append(("soft_top_k", f"must be at most the vocabulary size of --model {model} ({vocab_size})"))
-        if problems:
-            raise ConfigError([(name, getattr(self, name), message) for name, message in problems])
+        reads, limit = knobs_read(self.explore), f"the vocabulary size of --model {model} ({vocab_size})"
+        found = [(name, message) for name, too_many, message in (
+            ("num_neighbors", self.num_neighbors >= vocab_size, f"must be below {limit}"),
+            ("soft_top_k", self.soft_top_k > vocab_size, f"must be at most {limit}")) if name in reads and too_many]
+        if found:
+            raise ConfigError([(name, getattr(self, name), message) for name, message in found])
 
     def check_trainable(self) -> None:
         """The rules that only training adds: a ValueError naming what to change."""
         if self.temperature == 0:
-            raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same and "
-                             "GRPO would have no signal; train with --temperature > 0")
+            raise ValueError("--temperature 0: greedy decoding: every response of a group would be the same "
+                             "and GRPO would have no signal; train with --temperature > 0")
+
+    def to_dict(self) -> dict:
+        """The settings as a reader meets them (reading_order), as config.json holds them."""
+        values = asdict(self)
+        return {f.name: values[f.name] for f in reading_order()}
 
     def save_json(self, path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load_json(cls, path) -> "Config":
@@ -369,7 +380,8 @@ class Config:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - known.keys())
         if unknown:
-            raise ValueError(f"{path}: unknown config keys {unknown}")
+            raise ValueError(f"{path}: unknown config keys {unknown} (a method's knobs from outside the repo "
+                             "come with its module in NGRPO_STRATEGIES)")
         for name, value in values.items():
             kind = known[name].type
             # JSON writes 1e-6 and 0.0 faithfully but an integer-valued float may come back as an int.
@@ -378,6 +390,14 @@ class Config:
             elif not isinstance(values[name], kind) or (kind is int and isinstance(value, bool)):
                 raise ValueError(f"{path}: {name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
         return cls(**values)
+
+
+def reading_order() -> list:
+    """Config's fields as a reader meets them: its own in order, the methods' knobs right after --explore."""
+    knobs = fields(Knobs)
+    own = [f for f in fields(Config) if f.name not in KNOBS]
+    at = next(i for i, f in enumerate(own) if f.name == "explore") + 1
+    return own[:at] + list(knobs) + own[at:]
 
 
 class ConfigError(ValueError):
@@ -394,16 +414,6 @@ class ConfigError(ValueError):
                          for name, value, message in self.problems)
 
 
-def is_text(value: str) -> bool:
-    """Whether a string can be written as UTF-8 (a command-line argument in another encoding arrives holding
-    lone surrogates, which cannot)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def shown(value) -> str:
     """A value as one would type it on a command line (bytes that are not text shown as escapes)."""
     if not isinstance(value, str):
@@ -411,83 +421,16 @@ def shown(value) -> str:
     return shlex.quote(value.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
-_AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")
-_AT_LEAST_0 = (lambda v: v >= 0, "must be >= 0")
-_POSITIVE = (lambda v: v > 0, "must be > 0")
-_FRACTION = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
-_NONEMPTY = (lambda v: v.strip() != "", "must not be empty")
-# AdamW moves each weight by about lr a step; past 1 the weights (~0.02) are gone at once (1e6 for 1e-6, a typo).
-_STEP_SIZE = (lambda v: 0 < v <= 1, "must be in (0, 1]: AdamW moves every weight by about this much a step")
-# Each field's allowed values (choices and finiteness are checked for every field); the few rules that
-# relate two fields are in combination_rules.
-RANGES = {
-    "model": _NONEMPTY, "data": _NONEMPTY, "max_prompt_tokens": _AT_LEAST_1, "max_new_tokens": _AT_LEAST_1,
-    "prompts_per_step": _AT_LEAST_1,
-    "group_size": (lambda v: v >= 2, "must be at least 2: advantages compare the responses of a group, so a "
-                   "group of one carries no learning signal"),
-    "temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy, for evaluation only)"),
-    "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "top_k": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
-    "rollout_batch_size": (lambda v: v >= 0, "must be >= 0 (0 = all rows at once)"),
-    "mix_rate": _FRACTION, "mix_entropy_threshold": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
-    "num_neighbors": _AT_LEAST_1, "neighbor_refresh": (lambda v: v >= 0, "must be >= 0 (0 = build once)"),
-    "soft_top_k": _AT_LEAST_1, "mix_temperature": _AT_LEAST_0, "noise_sigma": _AT_LEAST_0,
-    "min_p": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"), "gumbel_temperature": _POSITIVE,
-    "after_thinking_top_k": (lambda v: v >= -1, "must be >= 0 (0 = off), or -1 (= --top-k)"),
-    "after_thinking_top_p": (lambda v: 0 < v <= 1 or v == -1, "must be in (0, 1], or -1 (= --top-p)"),
-    "after_thinking_min_p": (lambda v: 0 <= v < 1 or v == -1, "must be in [0, 1) (0 = off), or -1 (= --min-p)"),
-    "mixinputs_beta": (lambda v: v >= 0 or v <= -99, "must be >= 0 (or <= -99: the direct mixture)"),
-    "early_stopping_entropy_threshold": _AT_LEAST_0, "early_stopping_length_threshold": _AT_LEAST_1,
-    "dirichlet_alpha": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "multiplex_width": _AT_LEAST_1,
-    "noise_factor": _AT_LEAST_0, "multiplex_gumbel_tau": _AT_LEAST_0, "multiplex_entropy_mask": _AT_LEAST_0,
-    "entropy_coef": _AT_LEAST_0, "entropy_target": _AT_LEAST_0, "entropy_coef_delta": _AT_LEAST_0,
-    "top_entropy_quantile": (lambda v: 0 < v <= 1, "must be in (0, 1]"), "pass_k": _AT_LEAST_1,
-    "reward_timeout_s": _POSITIVE, "rel_tol": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "reward_fail_steps": (lambda v: v >= 0, "must be >= 0 (0 = never stop)"),
-    "adv_eps": (lambda v: v > 0, "must be > 0: it keeps a group whose rewards are all equal from dividing by "
-                "zero (a negative one flips the advantages' sign)"),
-    "clip_low": (lambda v: 0 <= v < 1, "must be in [0, 1): the ratio's floor 1 - clip_low must stay above 0"),
-    "clip_high": _AT_LEAST_0, "dual_clip": (lambda v: v == 0 or v > 1, "must be 0 (off) or > 1"),
-    "kl_coef": (lambda v: v >= 0, "must be >= 0 (0 = no reference model)"), "loss_agg_rows": _AT_LEAST_1,
-    "rollout_is_cap": (lambda v: v > 1, "must be > 1: the weights are ratios around 1"),
-    "rollout_is_lower": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = 1 / --rollout-is-cap)"),
-    "ppo_epochs": _AT_LEAST_1, "mini_batch_prompts": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
-    "micro_batch_tokens": (lambda v: v >= 0, "must be >= 0 (0 = --micro-batch-size rows)"),
-    "virtual_max_count": _AT_LEAST_1, "max_refill_draws": _AT_LEAST_0, "overlong_buffer": _AT_LEAST_0,
-    "overlong_penalty_factor": _AT_LEAST_0, "lr": _STEP_SIZE, "warmup_steps": _AT_LEAST_0,
-    "min_lr_ratio": _FRACTION, "weight_decay": _AT_LEAST_0,
-    "grad_clip": (lambda v: v >= 0, "must be >= 0 (0 = off)"), "logprob_chunk_tokens": _AT_LEAST_1,
-    "lora_rank": (lambda v: v >= 0, "must be >= 0 (0 = off: full fine-tuning)"), "lora_alpha": _POSITIVE,
-    "lora_dropout": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "sft_steps": (lambda v: v >= 0, "must be >= 0 (0 = none)"), "sft_lr": _STEP_SIZE, "sft_batch_size": _AT_LEAST_1,
-    "sft_target_accuracy": (lambda v: 0 <= v <= 1, "must be in [0, 1] (0 = off)"),
-    "sft_dev_problems": _AT_LEAST_1, "sft_eval_every": _AT_LEAST_1,
-    # The seed reaches torch.manual_seed and 64-bit counter hashes.
-    "seed": (lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"),
-    "max_steps": (lambda v: v >= 0, "must be >= 0 (0 = one pass over the data)"), "out_dir": _NONEMPTY,
-    "save_every": (lambda v: v >= 0, "must be >= 0 (0 = only at the end)"),
-    "keep_last": (lambda v: v >= 0, "must be >= 0 (0 = keep all)"),
-    "log_completions_every": (lambda v: v >= 0, "must be >= 0 (0 = never)"),
-    "eval_problems": (lambda v: v >= 0, "must be >= 0 (0 = no held-out eval)"),
-    "eval_every": (lambda v: v >= 0, "must be >= 0 (0 = only before and after)"),
-    "device": (lambda v: v in ("", "cpu", "cuda") or v.startswith("cuda:"), "must be cpu, cuda or cuda:N"),
-    "dist_timeout_s": _POSITIVE, "val_n": _AT_LEAST_1, "val_limit": (lambda v: v >= 0, "must be >= 0 (0 = all)"),
-    "val_temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"), "val_top_p": (lambda v: 0 < v <= 1,
-                                                                                      "must be in (0, 1]"),
-    "val_every": (lambda v: v >= 0, "must be >= 0 (0 = only after the last step)"),
-    "report_to": (lambda v: all(n.strip() in ("", "none", "tensorboard", "wandb") for n in v.split(",")),
-                  "takes tensorboard, wandb or both (comma-separated)"),
-    "val_data": (lambda v: v == "" or all(n.strip() for n in v.split(",")), "names benchmarks separated by "
-                 "commas, none of them empty"),
-}
+# ----------------------------------------------------------------------------- which flag needs which
 
 
-def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
-    """(the field a message names, whether its setting agrees with the others, message)."""
+def combination_rules(c: Config) -> list[tuple[str, bool, str]]:
+    """(the field a message names, whether its setting agrees with the others, message): the rules that relate
+    two fields; each field's own range is beside it."""
     bad_targets = ", ".join(map(repr, unknown_targets(c.lora_targets)))
     return [
-        ("mix_entropy_threshold", c.mix_entropy_threshold == 0 or c.explore not in NO_COIN,
-         f"replaces the mixing coin, which --explore {', '.join(NO_COIN)} do not have"),
-        ("early_stopping_entropy_threshold", c.early_stopping_entropy_threshold == 0 or bool(c.stop_mixing_token),
+        ("early_stopping_entropy_threshold", c.early_stopping_entropy_threshold == 0 or bool(c.stop_mixing_token)
+         or "early_stopping_entropy_threshold" not in knobs_read(c.explore),
          "Cold Stop forces --stop-mixing-token, which is empty"),
         ("mix_feed", c.mix_feed == "sampler" or c.explore != "none", "replay-only needs an exploration strategy "
          "that records mixtures (--explore none records none)"),
@@ -496,46 +439,68 @@ def combination_rules(c: "Config") -> list[tuple[str, bool, str]]:
         ("old_logp", c.old_logp == "replay" or not c.filters_tokens, "rollout needs --top-p 1, --top-k 0 and "
          "--min-p 0 (and so after thinking): with filtering the sampler's log-probs are of the filtered "
          "distribution and the replayed ones are not"),
-        *[("explore", c.explore not in names or ok, f"{c.explore} (its loss scores each step's candidates) needs "
-           f"{needs}") for names, ok, needs in (
-            (("multiplex",), c.loss == "grpo", "--loss grpo: GSPO's sequence ratio has no per-token candidates"),
-            (SCORES_CANDIDATES, c.old_logp == "replay", "--old-logp replay: the sampler records log p(y)"),
-            (SCORES_CANDIDATES, not c.kl_in_reward, "the KL in the loss, not --kl-in-reward"))],
+        *[("explore", ok, f"{c.explore} (its loss scores each step's candidates) needs {needs}")
+          for ok, needs in strategy_needs(c)],
         ("rollout_is", c.rollout_is == "none" or c.old_logp == "replay", "needs --old-logp replay: with "
          "rollout the old policy's log-probs are the sampler's own, so every weight would be 1"),
-        ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy sampler's "
-         "log-probs (at temperature 1) are not those of the distribution its tokens were drawn from"),
+        ("rollout_is", c.rollout_is == "none" or c.temperature > 0, "needs --temperature > 0: a greedy "
+         "sampler's log-probs (at temperature 1) are not those of the distribution its tokens were drawn from"),
         ("keep_best", not c.keep_best or (c.val_data and c.keep_best.startswith("val/")), "names a validation "
          "metric (val/<benchmark>/mean@<n> or pass@<k>) and needs --val-data"),
         ("refill", not c.refill or c.filter_groups != "none", "needs --filter-groups: with nothing filtered "
          "there is nothing to refill"),
         ("lora_targets", not bad_targets, f"names {bad_targets}, not a projection adapters can wrap; choose "
-         f"among {', '.join(LORA_TARGETS)}"),
-        ("pass_k", c.pass_k <= c.group_size, f"must be at most --group-size ({c.group_size}): pass@k of a group "
-         "of G responses"),
-        ("entropy_target", c.entropy_target == 0 or c.entropy_coef > 0, "needs --entropy-coef > 0, the adaptive "
-         "coefficient's ceiling"),
+         f"among {', '.join(PROJECTIONS)}"),
+        ("pass_k", c.pass_k <= c.group_size, f"must be at most --group-size ({c.group_size}): pass@k of a "
+         "group of G responses"),
+        ("entropy_target", c.entropy_target == 0 or c.entropy_coef > 0, "needs --entropy-coef > 0, the "
+         "adaptive coefficient's ceiling"),
         ("overlong_buffer", c.overlong_buffer <= c.max_new_tokens, f"must be at most --max-new-tokens "
          f"({c.max_new_tokens})"),
     ]
 
 
-SCORES_CANDIDATES = tuple(name for name, strategy in STRATEGIES.items() if strategy.scores == "cand_ids")
+def strategy_needs(c: Config) -> list[tuple[bool, str]]:
+    """(whether it holds, what it is) for each setting the chosen strategy's loss cannot do without: what it
+    declares (Strategy.requires), and, where its loss scores more than the sampled token, the replayed old
+    log-probs and the KL in the loss."""
+    strategy = STRATEGIES[c.explore]
+    needs = [(getattr(c, name) == value, f"--{name.replace('_', '-')} {value}: {why}")
+             for name, value, why in strategy.requires]
+    if strategy.loss_logp is not None:
+        needs += [(c.old_logp == "replay", "--old-logp replay: the sampler records log p(y)"),
+                  (not c.kl_in_reward, "the KL in the loss, not --kl-in-reward")]
+    return needs
 
 
 def unknown_targets(targets: str) -> list[str]:
-    """The names of a --lora-targets list that are not projections adapters can wrap (an empty name included)."""
-    return [name for name in (t.strip() for t in targets.split(",")) if name not in LORA_TARGETS]
+    """The names of a --lora-targets list that are not projections adapters can wrap (an empty name too)."""
+    return [name for name in (t.strip() for t in targets.split(",")) if name not in PROJECTIONS]
 
 
-# Flags that do something only with another setting: given on the command line (with a value other than the
-# default) without it, they are refused rather than silently ignored.
+# The flags of thinking's end: read by every strategy that mixes (Strategy.mixes), with its own knobs.
+THINKING = ("stop_mixing_token", "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p")
+
+
+def knobs_read(explore: str) -> tuple[str, ...]:
+    """The flags --explore `explore` reads: its strategy's knobs, and THINKING's if it mixes."""
+    strategy = STRATEGIES[explore]
+    return strategy.reads + THINKING * strategy.mixes
+
+
+def method_knobs() -> dict[str, dict[str, tuple[str, ...]]]:
+    """For each flag that picks a method from a registry (--explore, --adv-estimator): method -> the flags it
+    reads. A flag some method of the registry reads does something only when the chosen method reads it."""
+    return {"explore": {name: knobs_read(name) for name in STRATEGIES},
+            "adv_estimator": {name: estimator.knobs for name, estimator in ADVANTAGES.items()}}
+
+
+# Flags that do something only with another setting (beyond the methods' knobs, method_knobs): given on the
+# command line (with a value other than the default) without it, they are refused rather than silently ignored.
 IDLE_WITHOUT = {
-    **dict.fromkeys(("warmup_steps", "min_lr_ratio"), (lambda c: c.lr_schedule == "cosine", "--lr-schedule cosine")),
-    **dict.fromkeys(("virtual_max_reward", "virtual_max_count"),
-                    (lambda c: c.adv_estimator == "negative", "--adv-estimator negative")),
+    **dict.fromkeys(("warmup_steps", "min_lr_ratio"), (lambda c: c.lr_schedule == "cosine",
+                                                       "--lr-schedule cosine")),
     "loss_agg_rows": (lambda c: c.loss_agg == "token-mean-per-rows", "--loss-agg token-mean-per-rows"),
-    "pass_k": (lambda c: c.adv_estimator == "passk", "--adv-estimator passk"),
     "entropy_coef_delta": (lambda c: c.entropy_target > 0, "--entropy-target"),
     **dict.fromkeys(("kl_estimator", "kl_in_reward"), (lambda c: c.kl_coef > 0, "--kl-coef > 0")),
     "max_refill_draws": (lambda c: c.refill, "--refill"),
@@ -546,38 +511,35 @@ IDLE_WITHOUT = {
                     (lambda c: c.sft_steps > 0, "--sft-steps N")),
     **dict.fromkeys(("val_n", "val_limit", "val_temperature", "val_top_p", "val_every", "val_before_train"),
                     (lambda c: bool(c.val_data), "--val-data")),
-    **dict.fromkeys(("num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric", "neighbor_refresh"),
-                    (lambda c: c.explore == "neighbor", "--explore neighbor")),
-    "noise_sigma": (lambda c: c.explore in ("gaussian", "gaussian_embed_noise"), "--explore gaussian or "
-                    "gaussian_embed_noise"),
-    "soft_top_k": (lambda c: c.explore not in ("none", "neighbor", "mixinputs", "multiplex"), "an --explore other "
-                   "than none, neighbor, mixinputs and multiplex"),
-    "mixinputs_beta": (lambda c: c.explore == "mixinputs", "--explore mixinputs"),
-    **dict.fromkeys(("after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p"),
-                    (lambda c: c.explore != "none" and bool(c.stop_mixing_token), "an --explore other than none "
-                     "and a --stop-mixing-token (it ends thinking)")),
-    **dict.fromkeys(("multiplex_width", "multiplex_weights", "multiplex_replacement", "multiplex_gumbel_tau",
-                     "multiplex_entropy_mask"),
-                    (lambda c: c.explore == "multiplex", "--explore multiplex")),
-    "gumbel_temperature": (lambda c: c.explore in ("soft-gumbel", "soft-grpo"), "--explore soft-gumbel or soft-grpo"),
-    **dict.fromkeys(("early_stopping_entropy_threshold", "early_stopping_length_threshold", "dirichlet_alpha"),
-                    (lambda c: c.explore in COLD_STOP, f"--explore {', '.join(COLD_STOP)}")),
-    "noise_factor": (lambda c: c.explore == "soft-grpo", "--explore soft-grpo"),
+    **dict.fromkeys(THINKING[1:], (lambda c: bool(c.stop_mixing_token), "a --stop-mixing-token (it ends "
+                                                                           "thinking)")),
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
     "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
     "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
-    **dict.fromkeys(("lora_alpha", "lora_dropout", "lora_targets"), (lambda c: c.lora_rank > 0, "--lora-rank N")),
+    **dict.fromkeys(("lora_alpha", "lora_dropout", "lora_targets"), (lambda c: c.lora_rank > 0,
+                                                                     "--lora-rank N")),
 }
 
 
-def idle_flags(cfg: "Config", given) -> None:
-    """Refuses flags in `given` (names of fields set on the command line) that cfg's other settings ignore."""
+def idle_flags(cfg: Config, given) -> None:
+    """Refuses flags in `given` (names of fields set on the command line, to a value other than the default)
+    that cfg's other settings ignore: a method's knob under another method, or a flag of IDLE_WITHOUT without
+    what it needs."""
     defaults = Config()
-    problems = [(name, getattr(cfg, name), f"has no effect without {needed}")
-                for name, (active, needed) in IDLE_WITHOUT.items()
-                if name in given and getattr(cfg, name) != getattr(defaults, name) and not active(cfg)]
-    if problems:
-        raise ConfigError(problems)
+    changed = [name for name in given if getattr(cfg, name) != getattr(defaults, name)]
+    found = []
+    for chooser, methods in method_knobs().items():
+        chosen, flag = getattr(cfg, chooser), "--" + chooser.replace("_", "-")
+        for name in changed:
+            readers = [method for method, knobs in methods.items() if name in knobs]
+            if readers and chosen not in readers:
+                only = f"{flag} {listing(readers)}" if len(readers) < len(methods) - 1 else \
+                    f"an {flag} other than {chosen}"
+                found.append((name, f"has no effect with {flag} {chosen} (only with {only})"))
+    found += [(name, f"has no effect without {needed}") for name in changed if name in IDLE_WITHOUT
+              for active, needed in [IDLE_WITHOUT[name]] if not active(cfg)]
+    if found:
+        raise ConfigError([(name, getattr(cfg, name), message) for name, message in found])
 
 
 # Fields that say how a run is driven rather than what it computes: they may change on --resume.

@@ -98,21 +98,46 @@ def passk_advantages(rewards: torch.Tensor, group_size: int, *, k: int = 1) -> t
     return torch.zeros_like(ranked).scatter_(-1, order, s).flatten()
 
 
-# By name: ADVANTAGES[name](rewards, group_size, **that estimator's keyword options) -> [N]. negative is NGRPO's
-# calibration, group_advantages with virtual samples (its virtual_count option).
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
-    "grpo": group_advantages, "negative": group_advantages, "rloo": rloo_advantages,
-    "reinforce-baseline": reinforce_baseline_advantages, "passk": passk_advantages}
+@dataclass(frozen=True)
+class Estimator:
+    """An --adv-estimator: estimator(rewards [N], group_size, **options) -> advantages [N] (compute), one line for
+    --help (about), and the run's settings it reads (knobs), which options(settings, lengths) passes it (lengths [N]:
+    the response lengths, reinforce-baseline's token weights)."""
+
+    compute: Callable[..., torch.Tensor]
+    about: str
+    knobs: tuple[str, ...] = ()
+    options: Callable[..., dict] = lambda settings, lengths: {}
+
+    def __call__(self, rewards: torch.Tensor, group_size: int, **options) -> torch.Tensor:
+        return self.compute(rewards, group_size, **options)
+
+
+def _grpo_options(s, lengths, **more) -> dict:
+    return dict(scale=s.scale_rewards, eps=s.adv_eps, **more)
+
+
+# By name (--adv-estimator): negative is NGRPO's calibration, group_advantages with virtual samples.
+ADVANTAGES: dict[str, Estimator] = {
+    "grpo": Estimator(group_advantages, "group-normalised", ("scale_rewards", "adv_eps"), _grpo_options),
+    "negative": Estimator(group_advantages, "NGRPO (Nan et al. 2025): each group's mean and std also count virtual "
+                          "samples of the maximum reward, so an all-wrong group gets negative advantages",
+                          ("scale_rewards", "adv_eps", "virtual_max_count", "virtual_max_reward"),
+                          lambda s, n: _grpo_options(s, n, virtual_count=s.virtual_max_count,
+                                                     virtual_reward=s.virtual_max_reward)),
+    "rloo": Estimator(rloo_advantages, "r minus the mean of the others (arXiv 2402.14740)"),
+    "reinforce-baseline": Estimator(reinforce_baseline_advantages, "REINFORCE++'s group-centred, batch-whitened "
+                                    "(arXiv 2501.03262)", options=lambda s, lengths: dict(token_counts=lengths)),
+    "passk": Estimator(passk_advantages, "an unbiased gradient of pass@k (Walder and Karkhanis, arXiv 2505.15201)",
+                       ("pass_k",), lambda s, n: dict(k=s.pass_k)),
+}
 
 
 def advantages_of(rewards: torch.Tensor, lengths: torch.Tensor, cfg) -> torch.Tensor:
     """--adv-estimator's advantages of a step's rewards [N], with that estimator's options from the run's settings
-    (lengths [N]: the response lengths, reinforce-baseline's token weights)."""
-    grpo = dict(scale=cfg.scale_rewards, eps=cfg.adv_eps)
-    options = {"grpo": grpo, "negative": dict(grpo, virtual_count=cfg.virtual_max_count,
-                                              virtual_reward=cfg.virtual_max_reward),
-               "rloo": {}, "reinforce-baseline": dict(token_counts=lengths), "passk": dict(k=cfg.pass_k)}
-    return ADVANTAGES[cfg.adv_estimator](rewards, cfg.group_size, **options[cfg.adv_estimator])
+    (lengths [N]: the response lengths)."""
+    estimator = ADVANTAGES[cfg.adv_estimator]
+    return estimator(rewards, cfg.group_size, **estimator.options(cfg, lengths))
 
 
 # ----------------------------------------------------------------------------- KL to the reference

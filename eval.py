@@ -41,6 +41,7 @@ from rollout import exploration_from_config, generate, sampling_from_config
 from runtime import cli, distributed, guard, lora, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.distributed import World
+from strategies import STRATEGIES
 
 # What marks a training run's --out-dir given as eval.py --model (checkpoint_of_run).
 RUN_MARKS = ("checkpoints", "best", "metrics.jsonl")
@@ -381,15 +382,11 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
     return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))
 
 
-# The Config fields eval.py shares with train.py (same flags, same help, same validation), and the
-# defaults of the paper's evaluation protocol where they differ from training's.
+# The Config fields eval.py shares with train.py (same flags, same help, same validation): every method's knobs but
+# the table refresh, which needs optimizer steps; and the defaults of the paper's evaluation protocol where they
+# differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k", "min_p",
-               "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p", "explore", "mix_rate",
-               "mix_entropy_threshold", "num_neighbors", "mix_weights", "neighbor_space", "neighbor_metric",
-               "stop_mixing_token", "soft_top_k", "mix_temperature", "noise_sigma", "mixinputs_beta",
-               "gumbel_temperature", "early_stopping_entropy_threshold", "early_stopping_length_threshold",
-               "dirichlet_alpha", "multiplex_width", "multiplex_weights", "multiplex_replacement",
-               "multiplex_gumbel_tau", "multiplex_entropy_mask", "noise_factor",
+               "explore", *config.THINKING, *(name for name in config.KNOBS if name != "neighbor_refresh"),
                "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader", "reward",
                "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
@@ -401,11 +398,8 @@ EVAL_HELP = {
     "rollouts": "sampling (the paper's evaluation protocol by default)",
     "temperature": "sampling temperature (0 = greedy)",
     "top_p": "nucleus sampling threshold (1 = off)",
-    "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): neighbor = "
-               "N-GRPO's neighbor mixing, soft = Soft Thinking mixtures, gaussian = STHT-style noisy mixtures, "
-               "soft-gumbel = Randomized Soft Thinking, mixinputs = Mixture of Inputs, multiplex = Multiplex "
-               "Thinking's K sampled tokens merged, soft-grpo = SofT-GRPO's Gumbel-softmax soft tokens, and the "
-               "released code's topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise",
+    "explore": "mixing at inference, an ablation (none = plain sampling, as the paper evaluates): " + "; ".join(
+        f"{name} = {strategy.about}" for name, strategy in STRATEGIES.items() if name != "none"),
     "the run": "the evaluation",
     "seed": "seed of the samples' draws (each sample's draws depend on the seed, its benchmark, problem and "
             "sample number only)",
@@ -419,13 +413,9 @@ EVAL_HELP = {
 RESULT_SETTINGS = ("benchmarks", "limit", "n", *(name for name in EVAL_FIELDS if name not in (
     "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "reward_timeout_s")))
 # What an out-dir written before a setting was recorded holds: eval.py then always used the paper's instruction;
-# the sampling settings from min_p on (recorded since 2026-11-28) are taken to have been at their defaults.
-UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None, **{name: getattr(config.Config(), name)
-                       for name in ("min_p", "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p",
-                                    "mixinputs_beta", "gumbel_temperature", "early_stopping_entropy_threshold",
-                                    "early_stopping_length_threshold", "dirichlet_alpha", "multiplex_width",
-                                    "multiplex_weights", "multiplex_replacement", "noise_factor",
-                                    "multiplex_gumbel_tau", "multiplex_entropy_mask")}}
+# any other setting it does not hold (the sampling settings from min_p on were recorded from 2026-11-28; a knob
+# added since) was at its default.
+UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None}
 # A benchmark's published rule for numbers (--rel-tol unset): a relative tolerance where its own grader allows one.
 # TheoremQA: within_eps, |prediction - reference| <= 0.04 |reference| (TIGER-AI-Lab/TheoremQA, number_utils.py,
 # lines 19-24, used at line 83); every other benchmark here is graded exactly (docs/reward.md).
@@ -530,7 +520,9 @@ def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: boo
                 from None
         if not isinstance(saved, dict):
             raise data.DataError(f"--resume: {saved_path} is not a settings file; pass --overwrite to start over")
-        saved = {**UNRECORDED_SETTINGS, **saved}
+        defaults = config.Config()
+        saved = {**{name: getattr(defaults, name) for name in settings if hasattr(defaults, name)},
+                 **EVAL_DEFAULTS, **UNRECORDED_SETTINGS, **saved}
         changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {v!r}" for k, v in settings.items()
                    if saved.get(k) != v]
         if changed:

@@ -259,6 +259,11 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+# The linear projections of every block, attention then MLP, named as in Hugging Face checkpoints (what LoRA's
+# adapters can wrap: runtime/lora.py, --lora-targets).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -125,75 +125,73 @@ class LossSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref_logp=None, normalizer=None,
-                run_tokens=None, is_weights=None, entropy=None, candidates=None):
-    """Clipped policy-gradient loss (+ kl_coef * the KL estimate, - entropy_coef * the entropy) aggregated over the
-    tokens of `mask` as settings.loss_agg says, divided by normalizer (default: this batch's token count for
-    token-mean, else its count of rows with a token; pass the whole mini-batch's count when this is one micro-batch).
-
-    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. is_weights [B, T] (`importance_weights`,
-    --rollout-is; 0 on the tokens --top-entropy-quantile leaves out): each token's clipped loss is multiplied by
-    its weight, which carries no gradient; the KL term is not weighted, and a token weighted 0 still counts in the
-    normalizer. Returns (loss, metrics); each metric is a sum / normalizer, so micro-batches add up (fractions and
-    ratio_mean are token means, or means of per-sequence token means in the seq modes).
-
-    candidates [B, T, K] bool (Multiplex Thinking; logp, old_logp and ref_logp then [B, T, K]): the joint
-    log-probability of a step's K drawn tokens, sum_k log p(i_k), trained as its released loss does (verl's
-    core_algos.py, compute_multiplex_thinking_policy_loss): a ratio and a clipped loss per candidate, summed over the
-    candidates `candidates` marks (the KL term alike); the metrics are means over them."""
-    cfg = settings
-    mask = mask.float()
+def aggregators(mask: torch.Tensor, cfg: LossSettings, normalizer=None, run_tokens=None):
+    """(total, mean): per-token values [B, T] over `mask` -> the loss's sum / normalizer as cfg.loss_agg says (default
+    normalizer: this batch's loss_normalizer), and the metrics' token mean (per run of rows, or of per-sequence
+    token means in the seq modes)."""
     if normalizer is None:
         normalizer = loss_normalizer(mask, cfg.loss_agg, cfg.loss_agg_rows)
     if run_tokens is None and cfg.loss_agg == "token-mean-per-rows":
         run_tokens = group_tokens(mask, cfg.loss_agg_rows)
-    total = lambda values: aggregate(values, mask, mode=cfg.loss_agg, normalizer=normalizer,
-                                     max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
-    # Metrics (clip fractions, the mean ratio) are token means, per run of rows or per sequence as the loss is.
     mean_mode = cfg.loss_agg if cfg.loss_agg in ("token-mean", "token-mean-per-rows") else "seq-mean-token-mean"
-    mean = lambda values: aggregate(values, mask, mode=mean_mode, normalizer=normalizer,
-                                    max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
-    per_token = (lambda values: values) if candidates is None else \
-        (lambda values: (values * candidates).sum(-1))  # [B, T, K] -> [B, T]: the candidates' sum
-    per_token_mean = (lambda values: values) if candidates is None else \
-        (lambda values: per_token(values.float()) / candidates.sum(-1).clamp_min(1))
-    log_ratio = logp - old_logp
-    if cfg.loss == "gspo":
-        # One ratio per sequence; its gradient flows to every token through the mean.
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp_min(1.0))[:, None].expand_as(logp)
+    by = lambda mode: lambda values: aggregate(values, mask, mode=mode, normalizer=normalizer,  # noqa: E731
+                                               max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
+    return by(cfg.loss_agg), by(mean_mode)
+
+
+def clipped_losses(log_ratio: torch.Tensor, advantages: torch.Tensor, cfg: LossSettings):
+    """(loss, ratio, dual) [B, T, K] each: the clipped -A ratio of each term, ratio = exp(clamp(log_ratio, +-20))
+    clipped to [1 - clip_low, 1 + clip_high]; for A < 0 at most -dual_clip A, where `dual` marks it bounded so."""
     ratio = log_ratio.clamp(-20.0, 20.0).exp()
-    adv = advantages.float().view(-1, *[1] * (logp.dim() - 1))  # [B, 1] (or [B, 1, 1] per candidate)
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    token_loss = torch.maximum(unclipped, clipped)
+    adv = advantages.float().view(-1, 1, 1)  # [B, 1, 1]
+    token_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high))
     dual = torch.zeros_like(token_loss, dtype=torch.bool)
-    if cfg.dual_clip > 0:
-        # For A < 0 a huge ratio would make the loss unbounded: cap it at -c * A.
+    if cfg.dual_clip > 0:  # for A < 0 a huge ratio would make the loss unbounded: cap it at -c * A
         dual = (adv < 0) & (token_loss > -cfg.dual_clip * adv)
         token_loss = torch.where(dual, -cfg.dual_clip * adv, token_loss)
+    return token_loss, ratio, dual
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref_logp=None, normalizer=None,
+                run_tokens=None, is_weights=None, entropy=None, candidates=None):
+    """Clipped policy-gradient loss (+ kl_coef * the KL estimate, - entropy_coef * the entropy) aggregated over the
+    tokens of `mask` as settings.loss_agg says, divided by normalizer (default: this batch's loss_normalizer; pass
+    the whole mini-batch's when this is one micro-batch). Returns (loss, metrics); each metric is a sum /
+    normalizer, so micro-batches add up (fractions and ratio_mean are token means, as the loss aggregates).
+
+    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B]. is_weights [B, T] (--rollout-is; 0 on the tokens
+    --top-entropy-quantile leaves out) multiplies each token's clipped loss, with no gradient; not the KL term.
+    candidates [B, T, K] bool (a strategy's loss_terms: Multiplex Thinking's joint loss; logp, old_logp and
+    ref_logp then [B, T, K]): a ratio and a clipped loss per term, summed over the terms it marks (the KL term
+    alike), as verl's compute_multiplex_thinking_policy_loss; the metrics are means over them."""
+    cfg, mask = settings, mask.float()
+    if candidates is None:  # one term per step: an axis of one
+        logp, old_logp, candidates = logp[..., None], old_logp[..., None], torch.ones_like(mask)[..., None]
+        ref_logp = None if ref_logp is None else ref_logp[..., None]
+    total, mean = aggregators(mask, cfg, normalizer, run_tokens)
+    count = candidates.float()  # [B, T, K]
+    per_token = lambda values: (values * count).sum(-1)  # noqa: E731 - [B, T, K] -> [B, T], the terms' sum
+    token_mean = lambda values: mean(per_token(values.float()) / count.sum(-1).clamp_min(1))  # noqa: E731
+    log_ratio = logp - old_logp
+    if cfg.loss == "gspo":  # one ratio per sequence; its gradient flows to every token through the mean
+        log_ratio = ((log_ratio * mask[..., None]).sum(1, keepdim=True)
+                     / mask.sum(-1).clamp_min(1.0)[:, None, None]).expand_as(logp)
+    token_loss, ratio, dual = clipped_losses(log_ratio, advantages, cfg)
     token_loss = per_token(token_loss)
-    if is_weights is not None:
-        # After both clips, before the KL term, as TRL's GRPOTrainer (per_token_loss * importance_sampling_ratio)
-        # and verl's compute_policy_loss (pg_losses * rollout_is_weights) apply it.
+    if is_weights is not None:  # after both clips, before the KL term, as TRL's GRPOTrainer and verl apply it
         token_loss = token_loss * is_weights.detach()
-    pg_loss = total(token_loss)
+    loss = total(token_loss)
+    adv = advantages.float().view(-1, 1, 1)
     with torch.no_grad():
-        metrics = {
-            "pg_loss": pg_loss.detach(),
-            "clip_frac_high": mean(per_token_mean(((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float())),
-            "clip_frac_low": mean(per_token_mean(((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float())),
-            "dual_clip_frac": mean(per_token_mean(dual.float())),
-            "ratio_mean": mean(per_token_mean(ratio)),
-        }
-    loss = pg_loss
+        metrics = {"pg_loss": loss.detach(), "clip_frac_high": token_mean((adv > 0) & (ratio > 1.0 + cfg.clip_high)),
+                   "clip_frac_low": token_mean((adv < 0) & (ratio < 1.0 - cfg.clip_low)),
+                   "dual_clip_frac": token_mean(dual), "ratio_mean": token_mean(ratio)}
     if ref_logp is not None and cfg.kl_coef > 0 and not cfg.kl_in_reward:
         kl = total(per_token(KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)))
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl"] = kl.detach()
+        loss, metrics["kl"] = loss + cfg.kl_coef * kl, kl.detach()
     if cfg.entropy_coef > 0:  # entropy [B, T] with its gradient (replay.sequence_logprobs): higher entropy, lower loss
         bonus = total(entropy)
-        loss = loss - cfg.entropy_coef * bonus
-        metrics["entropy_bonus"] = bonus.detach()
+        loss, metrics["entropy_bonus"] = loss - cfg.entropy_coef * bonus, bonus.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics
 
@@ -463,43 +461,15 @@ def replay_logprobs(model, rollout, cfg, world: World = World(), *, entropy: boo
         values = F.pad(values, (0, 0, 0, width - values.shape[1]))  # [b, T, S (+ 1)]
         rows += list(zip(index, values.cpu() if world.distributed else values)) if real else []  # stand-ins dropped
     values = torch.stack(distributed.gather_indexed(rows, num_rows, world)).to(distributed.device_of(model))
-    logp = values[..., : values.shape[-1] - entropy]
-    logp = logp if scores_candidates(rollout) else logp[..., 0]
+    labels = STRATEGIES[rollout.strategy].labels(rollout.steps)  # the scored tokens: their shape, the result's
+    logp = values[..., : values.shape[-1] - entropy].reshape(labels.shape)
     return (logp, values[..., -1]) if entropy else logp
-
-
-def scores_candidates(rollout) -> bool:
-    """Whether training scores every candidate of the rollout's strategy too (Multiplex Thinking, SofT-GRPO): the
-    replay's log-probs are then [N, T, 1 + K], the action's and each candidate's."""
-    return STRATEGIES[rollout.strategy].scores == "cand_ids"
 
 
 def action_logp(logp: torch.Tensor) -> torch.Tensor:
     """[N, T] log p of each step's action y (what the sampler records) from the replay's log-probs: [N, T], or
     [N, T, 1 + K] (y, then every candidate) where the candidates are scored."""
     return logp[..., 0] if logp.dim() == 3 else logp
-
-
-def loss_logp(logp: torch.Tensor, rollout) -> torch.Tensor:
-    """What policy_loss takes of the replay's log-probs: log p(y) [N, T]; where the candidates are scored, the
-    strategy's log_prob of them (SofT-GRPO's reparameterised one, [N, T]) or the candidates' own [N, T, K] (Multiplex
-    Thinking's joint loss, with scored_candidates)."""
-    if logp.dim() == 2:  # the action alone: nothing to move or compute
-        return logp
-    as_logp = STRATEGIES[rollout.strategy].log_prob
-    if as_logp is None:
-        return logp[..., 1:]
-    steps = {name: value.to(logp.device) for name, value in rollout.steps.items()}  # the record, where logp is
-    return as_logp(logp[..., 1:], logp[..., 0], steps)
-
-
-def scored_candidates(rollout, device: torch.device) -> torch.Tensor | None:
-    """[N, T, K] bool on `device`: the candidates a Multiplex Thinking loss trains on, those of weight > 0 (every
-    draw of a thinking step; the action alone at an answer step, recorded [y, y, ...] with weights [1, 0, ...]); None
-    when only the action is scored, or when the strategy's log_prob makes one log-probability of them (SofT-GRPO)."""
-    if not scores_candidates(rollout) or STRATEGIES[rollout.strategy].log_prob is not None:
-        return None
-    return rollout.steps["cand_weights"].to(device) > 0
 
 
 def make_episodes(policy, reference, rollout, advantages, cfg, world: World = World(), *, on_policy: bool = False,
@@ -567,14 +537,16 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
         if micro.pg_mask is not None:  # --top-entropy-quantile: the other tokens get no policy gradient
             keep = micro.pg_mask.to(device).float()
             is_weights = keep if is_weights is None else is_weights * keep
-        logp, old_logp = loss_logp(logp, micro.rollout), loss_logp(old_logp, micro.rollout)
-        ref_logp = None if micro.ref_logp is None else loss_logp(micro.ref_logp.to(device), micro.rollout)
+        # What the loss scores of a step: log p(y), or the strategy's terms of its candidates (Strategy.loss_terms)
+        strategy, steps = STRATEGIES[micro.rollout.strategy], micro.rollout.steps
+        (logp, candidates), (old_logp, _) = strategy.loss_terms(logp, steps), strategy.loss_terms(old_logp, steps)
+        ref_logp = None if micro.ref_logp is None else strategy.loss_terms(micro.ref_logp.to(device), steps)[0]
         with distributed.autocast(device):  # the forward only; backward runs in the dtypes the forward chose
             loss, metrics = policy_loss(logp, old_logp, micro.advantages.to(device), mask, ref_logp=ref_logp,
                                         settings=settings, normalizer=normalizer.to(device),
                                         run_tokens=None if run_tokens is None else
                                         run_tokens[index].to(device), is_weights=is_weights, entropy=entropy,
-                                        candidates=scored_candidates(micro.rollout, device))
+                                        candidates=candidates)
         if real and not torch.isfinite(loss):
             finite = False
             if not world.distributed:

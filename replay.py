@@ -62,8 +62,8 @@ def sequence_logprobs(model, rollout: Rollout, *, temperature: float = 1.0, chun
                       packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Replays rollout rows through `model` and returns (log p of each response token, entropy), [B, T] each, both
     with their gradients; positions past a row's length hold values that the response mask ignores. A strategy
-    that scores its candidates (Strategy.scores: Multiplex Thinking, SofT-GRPO) gets [B, T, 1 + K]: log p(y), then
-    log p of each candidate. packed: the rows end to end, no padded position computed (engine/packing.py)."""
+    whose loss scores its candidates (Strategy.loss_logp: Multiplex Thinking, SofT-GRPO) gets [B, T, 1 + K]: log p(y),
+    then log p of each candidate. packed: the rows end to end, no padded position computed (engine/packing.py)."""
     inputs, pred_pos = replay_inputs(model.embed_tokens.weight, rollout)
     if packed:  # [B, T, d] read from the packed sequence
         lengths = [len(p) + n - 1 for p, n in zip(rollout.prompts, rollout.lengths.tolist())]
@@ -71,8 +71,6 @@ def sequence_logprobs(model, rollout: Rollout, *, temperature: float = 1.0, chun
     else:
         hidden = model.forward_hidden(inputs_embeds=inputs)  # [B, L, d], causal: right padding is harmless
         hidden = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, d]
-    labels = rollout.response_ids
-    if STRATEGIES[rollout.strategy].scores == "cand_ids":  # [B, T, 1 + K]: the action, then every candidate
-        labels = torch.cat([labels[..., None], rollout.steps["cand_ids"]], -1)
+    labels = STRATEGIES[rollout.strategy].labels(rollout.steps)  # y [B, T], or [y, c_1..c_K] [B, T, 1 + K]
     return token_logprobs(hidden, model.output_weight, labels.to(hidden.device), temperature=temperature,
                           chunk_tokens=chunk_tokens)

@@ -274,7 +274,7 @@ class Sampler:
         logprob = torch.where(live, logprob, 0.0)
         state.finished |= live & (token[:, None] == self.stop_ids).any(-1)
         # --mix-feed replay-only: the same record, but the sampled token is fed (docs/algorithm.md)
-        inputs = self.embed[token] if x.feed == "replay-only" else mixture.inputs
+        inputs = self.embed[token] if x.mix_feed == "replay-only" else mixture.inputs
         return inputs, dict(response_ids=token, logprobs=logprob, cand_ids=mixture.cand_ids,
                             cand_weights=mixture.cand_weights, mixed=mixture.mixed, **mixture.extra)
 
@@ -341,20 +341,13 @@ def sampling_from_config(cfg, tokenizer) -> Sampling:
 
 
 def exploration_from_config(cfg, tokenizer) -> Exploration:
-    """The Exploration a Config's flags describe (train.py and eval.py alike), with `stop_mixing_token`
-    looked up in the tokenizer: a token it does not have is an error, not a silent never-stop."""
-    stop_mixing_id = None
-    if cfg.stop_mixing_token and cfg.explore != "none":
+    """The Exploration a Config's flags describe (train.py and eval.py alike): the knobs its strategy reads, under
+    their names, and `stop_mixing_token` looked up in the tokenizer: a token it does not have is an error, not a
+    silent never-stop."""
+    stop_mixing_id, strategy = None, STRATEGIES[cfg.explore]
+    if cfg.stop_mixing_token and strategy.mixes:
         stop_mixing_id = tokenizer.convert_tokens_to_ids(cfg.stop_mixing_token)
         if not isinstance(stop_mixing_id, int) or stop_mixing_id < 0 or stop_mixing_id == tokenizer.unk_token_id:
             raise ValueError(f"--stop-mixing-token {cfg.stop_mixing_token!r} is not one token of the tokenizer "
                              "(pass --stop-mixing-token '' to mix until the end of the response)")
-    return Exploration(cfg.explore, mix_rate=cfg.mix_rate, mix_entropy_threshold=cfg.mix_entropy_threshold,
-                       num_neighbors=cfg.num_neighbors, weights=cfg.mix_weights, top_k=cfg.soft_top_k,
-                       mix_temperature=cfg.mix_temperature, noise_sigma=cfg.noise_sigma, feed=cfg.mix_feed,
-                       stop_mixing_id=stop_mixing_id, mixinputs_beta=cfg.mixinputs_beta,
-                       gumbel_temperature=cfg.gumbel_temperature, cold_stop_steps=cfg.early_stopping_length_threshold,
-                       cold_stop_entropy=cfg.early_stopping_entropy_threshold, dirichlet_alpha=cfg.dirichlet_alpha,
-                       multiplex_width=cfg.multiplex_width, multiplex_weights=cfg.multiplex_weights,
-                       multiplex_replacement=cfg.multiplex_replacement, noise_factor=cfg.noise_factor,
-                       multiplex_gumbel_tau=cfg.multiplex_gumbel_tau, multiplex_entropy_mask=cfg.multiplex_entropy_mask)
+    return Exploration.of(cfg.explore, stop_mixing_id, **{name: getattr(cfg, name) for name in strategy.reads})

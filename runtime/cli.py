@@ -12,8 +12,9 @@ import sys
 import textwrap
 from dataclasses import asdict, fields, replace
 
-from config import PRESETS, Config, ConfigError, idle_flags, is_text, preset, shown
+from config import PRESETS, Config, ConfigError, idle_flags, method_knobs, preset, reading_order, shown
 from runtime.plan import print_plan
+from strategies.base import is_text
 
 # First field of each section of --help -> the section's title.
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
@@ -26,19 +27,19 @@ SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",
 def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict | None = None,
                      helps: dict | None = None) -> None:
     """One flag per Config field (or per field in `names`), in the sections of SECTIONS, each showing its
-    default (from `defaults` where given) and its help (from `helps` where given: another program's words;
-    one that says its default itself is shown as it is). Flags not given stay out of the namespace
-    (SUPPRESS), so a caller can tell an explicit value from a default."""
+    default (from `defaults` where given), its help (from `helps` where given: another program's words;
+    one that says its default itself is shown as it is) and, for a method's knob, the methods that read it.
+    Flags not given stay out of the namespace (SUPPRESS), so a caller can tell an explicit value from a default."""
     defaults, helps = defaults or {}, helps or {}
     group = parser
-    for f in fields(Config):
+    for f in reading_order():
         if f.name in SECTIONS:
             group = parser.add_argument_group(helps.get(SECTIONS[f.name], SECTIONS[f.name]))
         if (names is not None and f.name not in names) or f.name == "preset":  # preset: --preset's own
             continue
         flags = ["--" + f.name.replace("_", "-"), *f.metadata["aliases"]]
         default = defaults.get(f.name, f.default)
-        help_text = helps.get(f.name, f.metadata["help"])
+        help_text = helps.get(f.name, f.metadata["help"]) + readers_note(f.name)
         help_text = (help_text if "(default:" in help_text or "(required" in help_text
                      else f"{help_text} (default: {default!r})").replace("%", "%%")
         if f.type is bool:
@@ -47,6 +48,15 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None, defaults: dict
         else:
             group.add_argument(*flags, type=f.type, choices=f.metadata["choices"], default=argparse.SUPPRESS,
                                metavar=f.name.upper() if not f.metadata["choices"] else None, help=help_text)
+
+
+def readers_note(name: str) -> str:
+    """' [--explore a, b]': the methods that read a method's knob, where not (nearly) all of them do."""
+    for chooser, methods in method_knobs().items():
+        readers = [method for method, knobs in methods.items() if name in knobs]
+        if readers and len(readers) < len(methods) - 1:
+            return f" [--{chooser.replace('_', '-')} {', '.join(readers)}]"
+    return ""
 
 
 def starting_point(argv: list[str]) -> tuple[str, Config]:
@@ -144,7 +154,7 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
         parser.error(str(error))
     if show:
         with quiet_on_broken_pipe():  # --print-config | head
-            print(json.dumps(asdict(cfg), indent=2), flush=True)
+            print(json.dumps(cfg.to_dict(), indent=2), flush=True)
         parser.exit()
     if plan_args[0]:
         with quiet_on_broken_pipe():

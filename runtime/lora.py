@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from data import load_tokenizer
-from model import Transformer, load_model, save_model
+from model import PROJECTIONS, Transformer, load_model, save_model
 from runtime.distributed import ModelCall, World, broadcast_object, full_tensor, unsharded_copy
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # attention, then MLP
+TARGETS = PROJECTIONS  # what adapters can wrap: attention, then MLP (model.PROJECTIONS)
 PEFT_PREFIX = "base_model.model.model."  # PeftModel -> its LoraModel -> the CausalLM's decoder, named `model`
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 

@@ -67,7 +67,8 @@ def test_flags_override_the_preset():
     (["--lr", "abc"], "invalid float value"),
     (["--preset", "tiny", "--config", "x.json"], "give one of them"),
     (["--old-logp", "rollout", "--top-p", "0.9"], "--old-logp rollout: rollout needs --top-p 1"),
-    (["--explore", "soft", "--mix-entropy-threshold", "4"], "--mix-entropy-threshold 4: replaces the mixing coin"),
+    (["--explore", "soft", "--mix-entropy-threshold", "4"], "--mix-entropy-threshold 4: has no effect with --explore "
+     "soft (only with --explore neighbor, gaussian, topk, topk-gumbel, gaussian_embed_noise or orthogonal_noise)"),
     (["--explore", "none", "--mix-feed", "replay-only"], "--mix-feed replay-only: replay-only needs"),
     (["--mix-feed", "fed"], "invalid choice"),
 ])
@@ -98,7 +99,7 @@ def test_exploration_flags_reach_the_sampler():
     cfg = parse_config(["--explore", "orthogonal_noise", "--soft-top-k", "4", "--mix-temperature", "0.7",
                         "--mix-entropy-threshold", "11.9", "--mix-feed", "replay-only", "--stop-mixing-token", ""])
     x = exploration_from_config(cfg, tokenizer=None)
-    assert (x.strategy, x.top_k, x.mix_temperature, x.mix_entropy_threshold, x.feed, x.stop_mixing_id) == (
+    assert (x.strategy, x.soft_top_k, x.mix_temperature, x.mix_entropy_threshold, x.mix_feed, x.stop_mixing_id) == (
         "orthogonal_noise", 4, 0.7, 11.9, "replay-only", None)
     assert preset("paper-1.5b").mix_feed == "sampler" and preset("paper-1.5b").mix_entropy_threshold == 0.0
 

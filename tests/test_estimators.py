@@ -20,7 +20,7 @@ def close(actual, expected, atol=1e-5):
 def test_the_registries_hold_every_estimator_by_name():
     assert set(ADVANTAGES) == {"grpo", "negative", "rloo", "reinforce-baseline", "passk"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "low-var"}
-    assert ADVANTAGES["grpo"] is group_advantages and KL_ESTIMATORS["low-var"] is k3_kl
+    assert ADVANTAGES["grpo"].compute is group_advantages and KL_ESTIMATORS["low-var"] is k3_kl
 
 
 # ----------------------------------------------------------------------------- grpo (today's group_advantages)

@@ -66,25 +66,27 @@ def test_graphed_decode_equals_the_eager_decode(models, dtype):
 
 
 THINK_END = 7  # stands for </think>: Cold Stop forces it, and the after-thinking filters switch after it
-COLD_STOP = dict(cold_stop_entropy=10.0, cold_stop_steps=5, stop_mixing_id=THINK_END)  # over log V: ends at step 5
+# over log V: ends at step 5
+COLD_STOP = dict(early_stopping_entropy_threshold=10.0, early_stopping_length_threshold=5, stop_mixing_id=THINK_END)
 # Every strategy with the knobs that keep per-row state or take draws on: Cold Stop's counter (through refill and the
 # graph), Dirichlet draws, the after-thinking filters' per-row switch.
 EVERY_STRATEGY = {
     "none": (Exploration("none"), {}),
     "neighbor": (Exploration("neighbor", mix_rate=0.3, num_neighbors=2), {}),
-    "soft": (Exploration("soft", top_k=4, dirichlet_alpha=1.0, **COLD_STOP), dict(min_p=0.01, after_thinking_top_k=20)),
-    "gaussian": (Exploration("gaussian", top_k=4, mix_rate=0.3), {}),
-    "topk": (Exploration("topk", top_k=4, mix_rate=0.3), {}),
-    "topk-gumbel": (Exploration("topk-gumbel", top_k=4, mix_rate=0.3), {}),
-    "gaussian_embed_noise": (Exploration("gaussian_embed_noise", top_k=4, mix_rate=0.3), {}),
-    "orthogonal_noise": (Exploration("orthogonal_noise", top_k=4, mix_rate=0.3), {}),
-    "soft-gumbel": (Exploration("soft-gumbel", top_k=4, **COLD_STOP), dict(after_thinking_top_p=0.9)),
+    "soft": (Exploration("soft", soft_top_k=4, dirichlet_alpha=1.0, **COLD_STOP),
+             dict(min_p=0.01, after_thinking_top_k=20)),
+    "gaussian": (Exploration("gaussian", soft_top_k=4, mix_rate=0.3), {}),
+    "topk": (Exploration("topk", soft_top_k=4, mix_rate=0.3), {}),
+    "topk-gumbel": (Exploration("topk-gumbel", soft_top_k=4, mix_rate=0.3), {}),
+    "gaussian_embed_noise": (Exploration("gaussian_embed_noise", soft_top_k=4, mix_rate=0.3), {}),
+    "orthogonal_noise": (Exploration("orthogonal_noise", soft_top_k=4, mix_rate=0.3), {}),
+    "soft-gumbel": (Exploration("soft-gumbel", soft_top_k=4, **COLD_STOP), dict(after_thinking_top_p=0.9)),
     "mixinputs": (Exploration("mixinputs", mixinputs_beta=2.0), {}),
     "multiplex": (Exploration("multiplex", multiplex_width=3, multiplex_weights="probs", dirichlet_alpha=1.0,
                               multiplex_gumbel_tau=1.0, multiplex_entropy_mask=1.0, **COLD_STOP), {}),
-    "soft-grpo": (Exploration("soft-grpo", top_k=5, gumbel_temperature=0.1, noise_factor=0.5), dict(top_k=5)),
-    "soft-grpo-dirichlet": (Exploration("soft-grpo-dirichlet", top_k=5), {}),
-    "soft-grpo-gaussian": (Exploration("soft-grpo-gaussian", top_k=5), {}),
+    "soft-grpo": (Exploration("soft-grpo", soft_top_k=5, gumbel_temperature=0.1, noise_factor=0.5), dict(top_k=5)),
+    "soft-grpo-dirichlet": (Exploration("soft-grpo-dirichlet", soft_top_k=5), {}),
+    "soft-grpo-gaussian": (Exploration("soft-grpo-gaussian", soft_top_k=5), {}),
 }
 
 
@@ -101,7 +103,7 @@ def test_every_strategys_graphed_step_equals_its_eager_step(models, strategy):
     graphed, eager = (generate(ours, PROMPTS, sampling, exploration, neighbor_table=table, seed=3, slots=2,
                                cuda_graph=graph) for graph in (True, False))
     assert graphed.strategy == strategy and (strategy == "none" or graphed.mixed.any())
-    if exploration.cold_stop_entropy:
+    if exploration.early_stopping_entropy_threshold:
         assert (graphed.response_ids == THINK_END).any()
     for name, value in graphed.steps.items():
         if value.dtype.is_floating_point:

@@ -381,7 +381,7 @@ def confident(tiny):
 @torch.no_grad()
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("exploration", [Exploration("neighbor", mix_rate=0.5, num_neighbors=2),
-                                         Exploration("soft", top_k=4)], ids=["neighbor", "soft"])
+                                         Exploration("soft", soft_top_k=4)], ids=["neighbor", "soft"])
 def test_replayed_logprobs_equal_the_sampling_logprobs(confident, temperature, exploration):
     model, table = confident
     rollout = generate(model, PROMPTS, Sampling(temperature=temperature, max_new_tokens=20, stop_ids=STOP_IDS),

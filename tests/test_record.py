@@ -23,7 +23,7 @@ def explore_scaled(view: strategies.StepView) -> strategies.Mixture:
     its slot), and records s."""
     count = view.state["toy_count"]  # [B], this row's steps so far
     scale = 1.0 + (count % CYCLE).float() / 4
-    mixture = strategies.explore_none(view)
+    mixture = strategies.base.explore_none(view)
     mixture.inputs = (scale[:, None] * view.embed[view.token].float()).to(view.embed.dtype)
     mixture.extra = {"toy_scale": scale}
     count += view.eligible  # in place: the slot's state, as a CUDA graph would update it
@@ -36,8 +36,9 @@ def scaled_feed(embed: torch.Tensor, steps: dict[str, torch.Tensor]) -> torch.Te
     return (steps["toy_scale"][..., None] * plain).to(embed.dtype)
 
 
-TOY = Strategy(explore_scaled, candidates=lambda x: 1, record=(Field("toy_scale", torch.float32, pad=1.0),),
-               state=(Field("toy_count", torch.long, pad=0),), feed=scaled_feed)
+TOY = Strategy(explore_scaled, "feeds s E[y], s growing with the step", candidates=lambda x: 1,
+               record=(Field("toy_scale", torch.float32, pad=1.0),), state=(Field("toy_count", torch.long, pad=0),),
+               feed=scaled_feed)
 
 
 @pytest.fixture(scope="module")

@@ -427,14 +427,15 @@ def test_a_read_only_out_dir_is_one_line(tmp_path, capsys):
     (["--sft-target-accuracy", "0.5"], "--sft-target-accuracy 0.5: has no effect without --sft-steps N (the warm "
                                        "start it may stop early)"),
     (["--warmup-steps", "5"], "--warmup-steps 5: has no effect without --lr-schedule cosine"),
-    (["--explore", "none", "--num-neighbors", "2"], "--num-neighbors 2: has no effect without --explore neighbor"),
+    (["--explore", "none", "--num-neighbors", "2"], "--num-neighbors 2: has no effect with --explore none (only with "
+     "--explore neighbor)"),
     (["--val-n", "4"], "--val-n 4: has no effect without --val-data"),
     (["--after-thinking-top-p", "0"], "--after-thinking-top-p 0: must be in (0, 1], or -1 (= --top-p)"),
     (["--explore", "soft", "--after-thinking-top-k", "5", "--old-logp", "rollout"], "--old-logp rollout: rollout "
      "needs --top-p 1, --top-k 0 and --min-p 0 (and so after thinking): with filtering the sampler's log-probs are "
      "of the filtered distribution and the replayed ones are not"),
-    (["--explore", "soft-gumbel", "--noise-factor", "0.5"], "--noise-factor 0.5: has no effect without --explore "
-                                                             "soft-grpo"),
+    (["--explore", "soft-gumbel", "--noise-factor", "0.5"], "--noise-factor 0.5: has no effect with --explore "
+                                                             "soft-gumbel (only with --explore soft-grpo)"),
 ])
 def test_a_value_out_of_range_is_refused_naming_its_flag_as_typed(flags, message, capsys):
     from runtime.cli import parse_config
@@ -450,9 +451,12 @@ def test_a_value_out_of_range_is_refused_naming_its_flag_as_typed(flags, message
     (["--benchmarks", ","], "--benchmarks ,: names benchmarks separated by commas, none of them empty"),
     (["--temperature", "nan"], "--temperature nan: must be a finite number"),
     (["--reward-timeout-s", "-1"], "--reward-timeout-s -1: must be > 0"),
-    (["--noise-sigma", "0.5"], "--noise-sigma 0.5: has no effect without --explore gaussian or gaussian_embed_noise"),
-    (["--after-thinking-min-p", "0.1"], "--after-thinking-min-p 0.1: has no effect without an --explore other than "
-                                        "none and a --stop-mixing-token (it ends thinking)"),
+    (["--noise-sigma", "0.5"], "--noise-sigma 0.5: has no effect with --explore none (only with --explore gaussian "
+                               "or gaussian_embed_noise)"),
+    (["--after-thinking-min-p", "0.1"], "--after-thinking-min-p 0.1: has no effect with --explore none (only with "
+                                        "an --explore other than none)"),
+    (["--explore", "soft", "--stop-mixing-token", "", "--after-thinking-min-p", "0.1"], "--after-thinking-min-p "
+     "0.1: has no effect without a --stop-mixing-token (it ends thinking)"),
 ])
 def test_eval_refuses_a_value_out_of_range_naming_its_flag(flags, message, capsys):
     import eval as E

@@ -100,9 +100,9 @@ def replay_logits(hf, rollout, row):
 
 @torch.no_grad()
 @pytest.mark.parametrize("exploration", [
-    Exploration("neighbor", mix_rate=0.5, num_neighbors=2, weights="code"),
-    Exploration("neighbor", mix_rate=0.5, num_neighbors=1, weights="renorm"),
-    Exploration("soft", top_k=4),
+    Exploration("neighbor", mix_rate=0.5, num_neighbors=2, mix_weights="code"),
+    Exploration("neighbor", mix_rate=0.5, num_neighbors=1, mix_weights="renorm"),
+    Exploration("soft", soft_top_k=4),
 ])
 def test_replaying_the_recorded_mixtures_reproduces_every_step(models, exploration):
     hf, ours = models
@@ -211,7 +211,7 @@ def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
     first = generate(ours, PROMPTS * 4, sampling, seed=5)
     stop_mixing = int(first.response_ids.flatten().mode().values)  # a token that does come up
     for exploration in (Exploration("neighbor", mix_rate=0.5, stop_mixing_id=stop_mixing),
-                        Exploration("soft", top_k=3, stop_mixing_id=stop_mixing)):
+                        Exploration("soft", soft_top_k=3, stop_mixing_id=stop_mixing)):
         rollout = generate(ours, PROMPTS * 4, sampling, exploration, neighbor_table=ring_table(V, 1),
                            seed=5)
         rows_with_stop = 0
@@ -229,8 +229,9 @@ def test_nothing_is_mixed_at_or_after_the_stop_mixing_token(models):
 @torch.no_grad()
 def test_none_never_mixes(models):
     _, ours = models
-    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=30), Exploration("none", mix_rate=1.0),
-                       seed=6)
+    with pytest.raises(ValueError, match="mix_rate is not read by the none strategy"):
+        Exploration("none", mix_rate=1.0)
+    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=30), Exploration("none"), seed=6)
     assert not rollout.mixed.any()
     assert rollout.cand_ids.shape[-1] == 1
 
@@ -239,7 +240,7 @@ def test_none_never_mixes(models):
 @pytest.mark.parametrize("strategy", ["none", "neighbor", "soft", "gaussian"])
 def test_same_seed_same_rollout_other_seed_another(models, strategy):
     _, ours = models
-    exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
+    exploration = Exploration.of(strategy, mix_rate=0.5, soft_top_k=3)
     run = lambda seed: generate(ours, PROMPTS, Sampling(max_new_tokens=20), exploration,
                                 neighbor_table=ring_table(V, 1), seed=seed)
     a, b, c = run(7), run(7), run(8)
@@ -252,7 +253,7 @@ def test_same_seed_same_rollout_other_seed_another(models, strategy):
 @pytest.mark.parametrize("strategy", ["gaussian", "gaussian_embed_noise"])
 def test_gaussian_noise_changes_what_is_fed_but_not_the_record(models, strategy):
     hf, ours = models
-    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration(strategy, mix_rate=1.0, top_k=3),
+    rollout = generate(ours, PROMPTS, Sampling(max_new_tokens=12), Exploration.of(strategy, mix_rate=1.0, soft_top_k=3),
                        seed=9)
     assert rollout.mixed.all()
     assert abs(float(rollout.cand_weights.sum(-1).mean()) - 1.0) < 1e-6
@@ -306,8 +307,8 @@ def test_cuda_graph_on_a_cpu_model_is_a_clear_error(models):
 @torch.no_grad()
 def test_concat_pads_each_rollout_to_the_longest_and_select_takes_rows_back(models):
     _, ours = models
-    short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", top_k=2), seed=10)
-    long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", top_k=2), seed=11)
+    short = generate(ours, PROMPTS[:2], Sampling(max_new_tokens=3), Exploration("soft", soft_top_k=2), seed=10)
+    long = generate(ours, PROMPTS[2:], Sampling(max_new_tokens=7), Exploration("soft", soft_top_k=2), seed=11)
     joined = Rollout.concat([replace(short, pad_id=-1), replace(long, pad_id=-1)])
     assert joined.prompts == PROMPTS and joined.response_ids.shape == (4, 7)
     assert joined.responses() == short.responses() + long.responses()
@@ -362,7 +363,7 @@ def test_greedy_rows_with_refill_equal_argmax_of_full_forwards(models):
 def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, strategy):
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=16, stop_ids=STOPS)
-    exploration = Exploration(strategy, mix_rate=0.5, top_k=3)
+    exploration = Exploration.of(strategy, mix_rate=0.5, soft_top_k=3)
     run = lambda prompts, keys, **kw: generate(ours, prompts, sampling, exploration,  # noqa: E731
                                                neighbor_table=ring_table(V, 1), seed=3, row_keys=keys, **kw)
     together = run(MORE_PROMPTS, None)
@@ -378,7 +379,7 @@ def test_a_rows_sample_depends_on_its_key_not_its_slots_batch_or_order(models, s
 
 @torch.no_grad()
 @pytest.mark.parametrize("exploration", [Exploration("neighbor", mix_rate=0.5, num_neighbors=2),
-                                         Exploration("soft", top_k=4)], ids=["neighbor", "soft"])
+                                         Exploration("soft", soft_top_k=4)], ids=["neighbor", "soft"])
 def test_replaying_refilled_rows_reproduces_every_step(models, exploration):
     """Two slots for eight rows: every row after the second decodes in a slot another row used."""
     hf, ours = models
@@ -391,10 +392,10 @@ def test_replaying_refilled_rows_reproduces_every_step(models, exploration):
 # ----------------------------------------------------------------------------- the release's other strategies
 
 RELEASED_STRATEGIES = [
-    Exploration("topk", mix_rate=0.5, top_k=3, mix_temperature=0.7),
-    Exploration("topk-gumbel", mix_rate=0.5, top_k=3),
-    Exploration("gaussian_embed_noise", mix_rate=0.5, top_k=3, noise_sigma=0.0),  # its record is noise-free
-    Exploration("orthogonal_noise", mix_rate=0.5, top_k=4),
+    Exploration("topk", mix_rate=0.5, soft_top_k=3, mix_temperature=0.7),
+    Exploration("topk-gumbel", mix_rate=0.5, soft_top_k=3),
+    Exploration("gaussian_embed_noise", mix_rate=0.5, soft_top_k=3, noise_sigma=0.0),  # its record is noise-free
+    Exploration("orthogonal_noise", mix_rate=0.5, soft_top_k=4),
 ]
 
 
@@ -450,7 +451,7 @@ def test_replay_only_rollouts_are_plain_rollouts_token_for_token(models, strateg
     _, ours = models
     sampling = Sampling(temperature=0.9, max_new_tokens=20, stop_ids=STOPS)
     plain = generate(ours, MORE_PROMPTS, sampling, Exploration("none"), seed=14, slots=3)
-    exploration = Exploration(strategy, mix_rate=0.5, top_k=3, feed="replay-only")
+    exploration = Exploration.of(strategy, mix_rate=0.5, soft_top_k=3, mix_feed="replay-only")
     recorded = generate(ours, MORE_PROMPTS, sampling, exploration, neighbor_table=ring_table(V, 1), seed=14,
                         slots=3)
     assert recorded.mixed.any()
@@ -468,7 +469,7 @@ def test_replay_only_records_the_mixtures_the_sampler_mode_feeds(models):
     sampling = Sampling(temperature=tau, max_new_tokens=16)  # no stop ids: every row runs 16 steps
     fed_mode = Exploration("neighbor", mix_rate=0.4, num_neighbors=2)
     fed = generate(ours, PROMPTS, sampling, fed_mode, neighbor_table=table, seed=15)
-    recorded = generate(ours, PROMPTS, sampling, replace(fed_mode, feed="replay-only"), neighbor_table=table,
+    recorded = generate(ours, PROMPTS, sampling, replace(fed_mode, mix_feed="replay-only"), neighbor_table=table,
                         seed=15)
     assert torch.equal(recorded.mixed, fed.mixed) and recorded.mixed.any()
     assert not torch.equal(recorded.response_ids, fed.response_ids)  # feeding the mixtures changed the tokens
@@ -524,7 +525,7 @@ def test_the_compiled_step_compiles_once_whatever_the_rows_lengths_and_cache(mod
     compiled = generate(ours, PROMPTS, sampling, seed=4)
     warm = counters["stats"]["unique_graphs"]
     assert warm > 0
-    generate(ours, [p + [1] * 9 for p in PROMPTS], sampling, Exploration("soft", mix_rate=1.0, top_k=3), seed=5)
+    generate(ours, [p + [1] * 9 for p in PROMPTS], sampling, Exploration("soft", soft_top_k=3), seed=5)
     generate(ours, PROMPTS[:2] * 2, Sampling(temperature=0.5, max_new_tokens=30), seed=6)
     generate(ours, PROMPTS[:3], sampling, seed=7)  # another batch size
     generate(ours, [p * 40 for p in PROMPTS[:2]], sampling, seed=8)  # another batch size, a longer cache

@@ -107,7 +107,7 @@ def soft_gumbel_by_hand(z: list[float], tau: float, k: int, tau_g: float, u: lis
 def test_soft_gumbel_feeds_the_gumbel_softmax_of_the_top_k(tau, tau_g):
     """Keys 7, 3, 12 at positions 4, 0, 9: each row's Gumbel draws are the uniforms of its own GUMBEL stream at
     (seed, key, position)."""
-    x = Exploration("soft-gumbel", top_k=4, gumbel_temperature=tau_g)
+    x = Exploration("soft-gumbel", soft_top_k=4, gumbel_temperature=tau_g)
     keys, positions = [7, 3, 12], [4, 0, 9]
     mixture = STRATEGIES["soft-gumbel"].explore(step_view(x, [0, 0, 0], tau=tau, seed=5, keys=keys,
                                                           positions=positions))
@@ -121,7 +121,7 @@ def test_soft_gumbel_feeds_the_gumbel_softmax_of_the_top_k(tau, tau_g):
 
 def test_soft_gumbel_weights_move_with_the_draws_not_the_probabilities_alone():
     """Different seeds give different weights over the same candidates (plain `soft` would feed q itself)."""
-    x = Exploration("soft-gumbel", top_k=4, gumbel_temperature=0.5)
+    x = Exploration("soft-gumbel", soft_top_k=4, gumbel_temperature=0.5)
     a, b = (STRATEGIES["soft-gumbel"].explore(step_view(x, [0, 0, 0], seed=s)) for s in (1, 2))
     assert torch.equal(a.cand_ids.sort(-1).values, b.cand_ids.sort(-1).values)
     assert not torch.allclose(a.cand_weights, b.cand_weights)
@@ -165,7 +165,7 @@ def soft_dirichlet_by_hand(z: list[float], tau: float, filter_k: int, k: int, al
 @pytest.mark.parametrize("alpha", [1.0, 30.0])
 def test_soft_dirichlet_feeds_the_top_k_of_a_dirichlet_draw_from_the_rows_own_uniforms(alpha):
     """Keys 7, 3, 12 at positions 4, 0, 9, a top-12 filter (18 tokens at concentration 0, never fed)."""
-    x = Exploration("soft", top_k=4, dirichlet_alpha=alpha)
+    x = Exploration("soft", soft_top_k=4, dirichlet_alpha=alpha)
     keys, positions = [7, 3, 12], [4, 0, 9]
     mixture = STRATEGIES["soft"].explore(step_view(x, [0, 0, 0], tau=0.6, top_k=12, seed=5, keys=keys,
                                                    positions=positions))
@@ -354,7 +354,7 @@ def test_soft_grpo_feeds_the_gumbel_softmax_of_clamped_gumbels_and_records_the_p
     """SofT-GRPO (arXiv 2511.06411, its sglang sampler's add_noise_gumbel_softmax): q = p renormalised over its top k,
     g' = log(q + 1e-6) + f clamp(-log(-log u), -1.5, 3) at the row's GUMBEL uniforms (f: its noise_factor), fed
     sum softmax(g' / tau_g) E."""
-    x = Exploration("soft-grpo", top_k=5, gumbel_temperature=tau_g, noise_factor=factor)
+    x = Exploration("soft-grpo", soft_top_k=5, gumbel_temperature=tau_g, noise_factor=factor)
     view = step_view(x, [0, 1, 2], tau=0.8, seed=3, keys=[4, 5, 6], positions=[2, 0, 9])
     mixture = STRATEGIES["soft-grpo"].explore(view)
     uniforms = view.draws.uniform(GUMBEL, 5)
@@ -417,7 +417,7 @@ def test_soft_grpo_logprob_and_its_gradient_equal_the_released_function(chunk_to
 def test_soft_grpo_variants_feed_their_noisy_top_k_weights_and_record_the_noise(variant):
     """SofT-GRPO's -dir / -gau samplers: q = p renormalised over the top 5; g_k ~ Gamma(q_k, 1) (the row's DIRICHLET
     uniforms) or s_k = q_k + 0.05 z_k (its NOISE normals); fed the noise renormalised, the noise recorded."""
-    x = Exploration(f"soft-grpo-{variant}", top_k=5)
+    x = Exploration(f"soft-grpo-{variant}", soft_top_k=5)
     keys, positions = [4, 5, 6], [2, 0, 9]
     view = step_view(x, [0, 1, 2], tau=0.8, seed=3, keys=keys, positions=positions)
     mixture = STRATEGIES[x.strategy].explore(view)
@@ -465,7 +465,7 @@ def test_soft_grpo_variants_logprob_and_its_gradient_equal_the_released_function
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         if ours:
             logp, _ = token_logprobs(h, w, torch.cat([labels[:, None], ids], -1), temperature=0.9, chunk_tokens=3)
-            value = strategy.log_prob(logp[:, 1:], logp[:, 0], {"topk_noise": noise, "mixed": thinking})
+            value, _ = strategy.loss_terms(logp, {"topk_noise": noise, "mixed": thinking})
         else:
             value = released_variant_logprob(variant, h @ w.T / 0.9, ids, noise, labels, thinking)
         (value * upstream).sum().backward()
@@ -538,7 +538,8 @@ def test_cold_stop_ends_thinking_where_the_entropy_stayed_low_for_n_steps(cold_m
         return real_call(self, scripted_logits(row_codes), state, live, backend)
 
     monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
-    x = Exploration(strategy, top_k=3, stop_mixing_id=THINK_END, cold_stop_entropy=0.5, cold_stop_steps=N_LOW)
+    x = Exploration.of(strategy, THINK_END, soft_top_k=3, early_stopping_entropy_threshold=0.5,
+                       early_stopping_length_threshold=N_LOW)
     sampling = Sampling(temperature=1.0, max_new_tokens=T, stop_ids=(EOS,), min_p=0.1)  # min-p removes </think>
     result = generate(cold_model, [[1, 2, 3]] * len(SCRIPTS), sampling, x, seed=3, slots=slots)
     forced = scripted_logits(torch.tensor([LOW]))[0].log_softmax(-1)[THINK_END]  # unfiltered, as the replay scores
@@ -577,7 +578,7 @@ def test_after_thinking_rows_sample_with_the_after_thinking_filters(cold_model, 
     sampling = Sampling(temperature=1.0, max_new_tokens=T, stop_ids=(EOS,), after_thinking_top_k=4,
                         after_thinking_top_p=0.6)
     result = generate(cold_model, [[1, 2, 3]] * len(THINK_AT), sampling,
-                      Exploration("soft", top_k=3, stop_mixing_id=THINK_END), seed=3, slots=slots)
+                      Exploration("soft", soft_top_k=3, stop_mixing_id=THINK_END), seed=3, slots=slots)
     p = softmax(graded)
     top = softmax(graded[:4])  # the after-thinking top 4 (tokens 0-3), then the nucleus: keep while the mass
     kept = [t for t in range(4) if sum(top[:t]) < 0.6]  # above a token is under 0.6
@@ -595,14 +596,14 @@ def test_after_thinking_rows_sample_with_the_after_thinking_filters(cold_model, 
                 assert logprob == pytest.approx(math.log(p[y]), abs=1e-5)
     assert len(kept) == 3 and max(thinking_tokens) > 3  # thinking drew tokens the after-thinking filters remove
     with pytest.raises(ValueError, match="after_thinking"):
-        generate(cold_model, [[1, 2, 3]], sampling, Exploration("soft", top_k=3))
+        generate(cold_model, [[1, 2, 3]], sampling, Exploration("soft", soft_top_k=3))
 
 
 def test_cold_stop_needs_the_token_it_forces():
     with pytest.raises(ValueError, match="Cold Stop"):
-        Exploration("soft", cold_stop_entropy=0.1)
-    with pytest.raises(ValueError, match="Cold Stop"):
-        Exploration("gaussian", cold_stop_entropy=0.1, stop_mixing_id=5)
+        Exploration("soft", early_stopping_entropy_threshold=0.1)
+    with pytest.raises(ValueError, match="early_stopping_entropy_threshold is not read by the gaussian strategy"):
+        Exploration("gaussian", early_stopping_entropy_threshold=0.1, stop_mixing_id=5)
 
 
 # ----------------------------------------------------------------------------- training replays what was fed

@@ -1,4 +1,4 @@
-"""strategies.py: the released code's other exploration strategies (topk, topk-gumbel, gaussian_embed_noise,
+"""strategies/released.py: the released code's other exploration strategies (topk, topk-gumbel, gaussian_embed_noise,
 orthogonal_noise) and its entropy gate, one decode step at a time, against hand computations on small
 logits. The arithmetic follows the release's sglang `layers/sampler.py` (the `mix_strategy` branches),
 read by hand: every score is the already-softmaxed p divided by tau once more."""
@@ -10,7 +10,7 @@ import torch
 
 import strategies
 from engine.draws import GUMBEL, RowDraws
-from strategies import Exploration, StepView
+from strategies import Exploration, StepView, base, released
 
 Z = [1.0, 3.0, 0.5, 2.0, -1.0]  # one row's logits; p's order: token 1, 3, 0, 2, 4
 
@@ -41,11 +41,11 @@ def step_view(exploration: Exploration, z_rows: list[list[float]], *, tau: float
 
 @pytest.mark.parametrize("tau, t", [(1.0, 0.0), (1.0, 0.7), (0.5, 1.0)])
 def test_topk_weights_are_a_softmax_of_probabilities(tau, t):
-    view = step_view(Exploration("topk", top_k=3, mix_temperature=t, mix_rate=0.5), [Z], tau=tau)
+    view = step_view(Exploration("topk", soft_top_k=3, mix_temperature=t, mix_rate=0.5), [Z], tau=tau)
     p = softmax([v / tau for v in Z])
     cand = [1, 3, 0]  # the three most likely tokens
     expected = softmax([p[c] / (tau * (t or 1.0)) for c in cand])
-    mixture = strategies.explore_topk(view)
+    mixture = released.explore_topk(view)
     assert mixture.cand_ids.tolist() == [cand] and bool(mixture.mixed[0])
     assert torch.allclose(mixture.cand_weights, torch.tensor([expected]), atol=1e-6)
     E = view.embed
@@ -53,8 +53,8 @@ def test_topk_weights_are_a_softmax_of_probabilities(tau, t):
 
 
 def test_topk_at_an_unmixed_step_feeds_the_sampled_token():
-    view = step_view(Exploration("topk", top_k=3, mix_rate=0.5), [Z], coin=0.9)
-    mixture = strategies.explore_topk(view)
+    view = step_view(Exploration("topk", soft_top_k=3, mix_rate=0.5), [Z], coin=0.9)
+    mixture = released.explore_topk(view)
     assert not bool(mixture.mixed[0])
     assert mixture.cand_ids.tolist() == [[4, 4, 4]] and mixture.cand_weights.tolist() == [[1.0, 0.0, 0.0]]
     assert torch.equal(mixture.inputs[0], view.embed[4])
@@ -63,8 +63,8 @@ def test_topk_at_an_unmixed_step_feeds_the_sampled_token():
 def test_topk_gumbel_ranks_by_gumbel_perturbed_scores_and_weighs_without_them():
     rows = 16
     t = 0.7
-    view = step_view(Exploration("topk-gumbel", top_k=3, mix_temperature=t, mix_rate=0.5), [Z] * rows, seed=3)
-    mixture = strategies.explore_topk_gumbel(view)
+    view = step_view(Exploration("topk-gumbel", soft_top_k=3, mix_temperature=t, mix_rate=0.5), [Z] * rows, seed=3)
+    mixture = released.explore_topk_gumbel(view)
     p = softmax(Z)
     u = view.draws.uniform(GUMBEL, len(Z))  # the step's uniforms (the draws are tested on their own, test_draws.py)
     for row in range(rows):
@@ -79,8 +79,8 @@ def test_topk_gumbel_first_candidate_follows_the_second_softmax():
     """Gumbel-max: the first candidate is distributed as softmax(p / (tau t)) over the vocabulary, a nearly
     uniform law: the greedy token (p = 0.64) is first only ~1.9 / 6.3 of the time."""
     rows = 4000
-    view = step_view(Exploration("topk-gumbel", top_k=2, mix_rate=1.0), [Z] * rows, seed=11)
-    first = strategies.explore_topk_gumbel(view).cand_ids[:, 0]
+    view = step_view(Exploration("topk-gumbel", soft_top_k=2, mix_rate=1.0), [Z] * rows, seed=11)
+    first = released.explore_topk_gumbel(view).cand_ids[:, 0]
     q = softmax(softmax(Z))
     for token in range(5):
         freq = float((first == token).float().mean())
@@ -91,9 +91,9 @@ def test_gaussian_embed_noise_feeds_topk_plus_scaled_noise_and_records_the_clean
     rows, d, sigma = 64, 64, 0.5
     torch.manual_seed(0)
     E = torch.randn(5, d)
-    view = step_view(Exploration("gaussian_embed_noise", top_k=3, mix_rate=0.5, noise_sigma=sigma), [Z] * rows,
+    view = step_view(Exploration("gaussian_embed_noise", soft_top_k=3, mix_rate=0.5, noise_sigma=sigma), [Z] * rows,
                      embed=E)
-    mixture = strategies.explore_gaussian_embed_noise(view)
+    mixture = released.explore_gaussian_embed_noise(view)
     p = softmax(Z)
     expected = softmax([p[c] for c in (1, 3, 0)])
     clean = sum(w * E[c] for w, c in zip(expected, (1, 3, 0)))  # [d]
@@ -109,8 +109,8 @@ def test_gaussian_embed_noise_under_the_entropy_gate_noises_unmixed_thinking_ste
     """The release's mask under `mix_rate: null` is every thinking step: E[y] + noise where the gate is shut."""
     rows, d = 64, 32
     E = torch.randn(5, d, generator=torch.Generator().manual_seed(1))
-    x = Exploration("gaussian_embed_noise", top_k=3, noise_sigma=0.3, mix_entropy_threshold=100.0)
-    mixture = strategies.explore_gaussian_embed_noise(step_view(x, [Z] * rows, embed=E))
+    x = Exploration("gaussian_embed_noise", soft_top_k=3, noise_sigma=0.3, mix_entropy_threshold=100.0)
+    mixture = released.explore_gaussian_embed_noise(step_view(x, [Z] * rows, embed=E))
     assert not mixture.mixed.any() and (mixture.cand_ids[:, 0] == 4).all()
     standard = (mixture.inputs - E[4]) / (0.3 * E[4].pow(2).mean().sqrt())
     assert abs(float(standard.std()) - 1) < 0.05
@@ -126,9 +126,9 @@ ORTH_NORMS = [math.sqrt(3.0), math.sqrt(5.5)]
 @pytest.mark.parametrize("tau, t", [(1.0, 0.0), (0.8, 0.7)])
 def test_orthogonal_noise_scale_by_hand(tau, t):
     rows = 2000
-    x = Exploration("orthogonal_noise", top_k=3, mix_temperature=t, mix_rate=0.5)
+    x = Exploration("orthogonal_noise", soft_top_k=3, mix_temperature=t, mix_rate=0.5)
     view = step_view(x, [Z] * rows, tau=tau, embed=E3)
-    mixture = strategies.explore_orthogonal_noise(view)
+    mixture = released.explore_orthogonal_noise(view)
     p = softmax([v / tau for v in Z])
     tt = t or 1.0
     w = softmax([p[3] / (tau * tt * tt), p[0] / (tau * tt * tt)])  # the release divides by t twice
@@ -143,10 +143,10 @@ def test_orthogonal_noise_scale_by_hand(tau, t):
 
 def test_orthogonal_noise_with_one_candidate_or_unmixed_feeds_plain_rows():
     E = E3
-    alone = strategies.explore_orthogonal_noise(step_view(Exploration("orthogonal_noise", top_k=1), [Z], embed=E))
+    alone = released.explore_orthogonal_noise(step_view(Exploration("orthogonal_noise", soft_top_k=1), [Z], embed=E))
     assert torch.equal(alone.inputs[0], E[1]) and float(alone.extra["noise_scales"][0]) == 0.0  # no other token
-    x = Exploration("orthogonal_noise", top_k=3, mix_rate=0.5)
-    unmixed = strategies.explore_orthogonal_noise(step_view(x, [Z], embed=E, coin=0.9))
+    x = Exploration("orthogonal_noise", soft_top_k=3, mix_rate=0.5)
+    unmixed = released.explore_orthogonal_noise(step_view(x, [Z], embed=E, coin=0.9))
     assert torch.equal(unmixed.inputs[0], E[4]) and float(unmixed.extra["noise_scales"][0]) == 0.0
     assert unmixed.cand_ids.tolist() == [[4]]
 
@@ -161,7 +161,8 @@ def test_entropy_gate_mixes_the_steps_whose_released_entropy_reaches_the_thresho
     """The release's `latent_entropy`: of softmax(p / tau) over the vocabulary, p = softmax(z / tau)."""
     entropies = [entropy(softmax([q / tau for q in softmax([v / tau for v in z])])) for z in ROWS_Z]
     threshold = sorted(entropies)[1] + 1e-4  # between the 2nd and 3rd lowest: two rows mix
-    x = Exploration(strategy, top_k=2, mix_rate=0.0, mix_entropy_threshold=threshold)
+    top_k = {} if strategy == "neighbor" else dict(soft_top_k=2)  # neighbor reads no top-k
+    x = Exploration(strategy, mix_rate=0.0, mix_entropy_threshold=threshold, **top_k)
     view = step_view(x, ROWS_Z, tau=tau, coin=0.99)
     view.cand_table = strategies.candidate_table(torch.tensor([[1], [2], [3], [4], [0]]), 1)
     mixed = strategies.STRATEGIES[strategy].explore(view).mixed
@@ -175,8 +176,8 @@ def test_released_entropy_barely_moves_on_a_real_vocabulary():
     V = 151936
     x = Exploration("topk", mix_entropy_threshold=1.0)
     sure = [30.0] + [0.0] * (V - 1)  # p(token 0) = 1 - 1.4e-8
-    sharp = float(strategies.released_entropy(step_view(x, [sure]))[0])
-    flat = float(strategies.released_entropy(step_view(x, [[0.0] * V]))[0])
+    sharp = float(base.released_entropy(step_view(x, [sure]))[0])
+    flat = float(base.released_entropy(step_view(x, [[0.0] * V]))[0])
     # p one-hot: q = [e, 1, ..., 1] / (e + V - 1), so H = log(e + V - 1) - e / (e + V - 1)
     by_hand = math.log(math.e + V - 1) - math.e / (math.e + V - 1)
     assert abs(by_hand - math.log(V)) < 1e-5

@@ -64,7 +64,7 @@ save_model(model, out + "/warm", tokenizer)
 rl = replace(cfg, model=out + "/warm", tokenizer=out + "/warm", sft_steps=0, eval_every=0, log_completions_every=0)
 learn = train.run(replace(rl, out_dir=out + "/learn", max_steps={learn_steps}))
 real = estimators.ADVANTAGES["grpo"]  # the loss points the right way: pushing against the advantage must unlearn
-estimators.ADVANTAGES["grpo"] = lambda *args, **kwargs: -real(*args, **kwargs)
+estimators.ADVANTAGES["grpo"] = replace(real, compute=lambda *args, **kwargs: -real(*args, **kwargs))
 unlearn = {{seed: train.run(replace(rl, out_dir=out + f"/unlearn-{{seed}}", max_steps={unlearn_steps}, seed=seed))
            for seed in {unlearn_seeds}}}
 print(json.dumps({{"warm": warm, "learn": learn, "unlearn": unlearn}}, default=str))
