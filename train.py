@@ -41,16 +41,15 @@ from data import (
 )
 from engine.decoder import release_decoder
 from estimators import EntropyControl
-from grading.grader import surely_equal
 from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
-from reward import RewardPool, extract_answer
+from reward import RewardPool
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate, sampling_from_config
 from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
 from runtime.cli import parse_config
-from runtime.diagnostics import Watch, group_diversity, mixture_closeness
+from runtime.diagnostics import FastRules, Watch, group_diversity, mixture_closeness
 from runtime.guard import RunError
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start
@@ -106,6 +105,7 @@ class Groups:
 
     rows: list[dict]  # the problem of each drawn row
     texts: list[str]  # the decoded responses
+    answers: list[str | None]  # each response's answer as the reward read it (None: none)
     rollout: Rollout  # every drawn row
     scores: torch.Tensor  # [N] the reward function's verdicts
     rewards: torch.Tensor  # [N] scores + shaping (--overlong-buffer)
@@ -238,16 +238,17 @@ def collect_groups(r: Run, step: int) -> Groups:
     (or --max-refill-draws is reached). Then keeps the groups --filter-groups keeps, at most prompts_per_step.
     Under torchrun the calls are dealt to the ranks and every rank ends with the whole step."""
     cfg = r.cfg
-    rows, texts, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], 0, 0.0, 0.0
+    rows, texts, answers, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], [], 0, 0.0, 0.0
     failed_before = {"errors": r.pool.errors, "timeouts": r.pool.timeouts}
     while True:
         batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
         r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
         sample = dealt_rollouts if r.world.distributed else streamed_rollouts
-        rollout, batch_texts, batch_scores, batch_rollout_s, batch_score_s = sample(r, batch_rows, step,
-                                                                                    len(rollouts))
+        rollout, batch_texts, batch_answers, batch_scores, batch_rollout_s, batch_score_s = sample(
+            r, batch_rows, step, len(rollouts))
         rollout_s, score_s = rollout_s + batch_rollout_s, score_s + batch_score_s
         rows, texts, scores = rows + batch_rows, texts + batch_texts, scores + [batch_scores]
+        answers += batch_answers
         rollouts.append(rollout)
         groups_kept += int(keep_groups(batch_scores, cfg.group_size, cfg.filter_groups).sum())
         if not cfg.refill or groups_kept >= cfg.prompts_per_step or len(rollouts) > cfg.max_refill_draws:
@@ -264,9 +265,10 @@ def collect_groups(r: Run, step: int) -> Groups:
         index = [int(g) * cfg.group_size + j for g in kept for j in range(cfg.group_size)]
         trained, trained_rewards = rollout.select(index), rewards[index]
     failed = distributed.sum_across({k: getattr(r.pool, k) - v for k, v in failed_before.items()}, r.world)
-    return Groups(rows=rows, texts=texts, rollout=rollout, scores=scores, rewards=rewards, trained=trained,
-                  trained_rewards=trained_rewards, draws=len(rollouts), groups_kept=groups_kept, rollout_s=rollout_s,
-                  score_s=score_s, reward_errors=int(failed["errors"]), reward_timeouts=int(failed["timeouts"]))
+    return Groups(rows=rows, texts=texts, answers=answers, rollout=rollout, scores=scores, rewards=rewards,
+                  trained=trained, trained_rewards=trained_rewards, draws=len(rollouts), groups_kept=groups_kept,
+                  rollout_s=rollout_s, score_s=score_s, reward_errors=int(failed["errors"]),
+                  reward_timeouts=int(failed["timeouts"]))
 
 
 def check_scored(r: Run, groups: Groups, step: int, scoreless_in_a_row: int) -> int:
@@ -284,7 +286,7 @@ def streamed_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
     """One prompt batch's rollouts in one process: --rollout-batch-size rows decode at once and a finished
     row's slot takes the next waiting row. Every draw is keyed by (seed, step, draw, row), so a row's
     response depends neither on its slot and batch-mates nor on the process that decodes it. Returns
-    (rollout, texts, scores, rollout seconds, scoring seconds)."""
+    (rollout, texts, answers, scores, rollout seconds, scoring seconds)."""
     start = time.perf_counter()
     rollout = generate(r.sampler, [p["prompt_ids"] for p in batch_rows], r.sampling, r.exploration,
                        neighbor_table=r.table, seed=(r.cfg.seed, step, draw),
@@ -292,15 +294,15 @@ def streamed_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
     rollout_s = time.perf_counter() - start
     texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
     start = time.perf_counter()
-    scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(texts, batch_rows)]))
-    return rollout, texts, scores, rollout_s, time.perf_counter() - start
+    answers, scores = scored(r, texts, batch_rows)
+    return rollout, texts, answers, scores, rollout_s, time.perf_counter() - start
 
 
 def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
     """One prompt batch's rollouts under torchrun: its calls of --rollout-batch-size rows (0: one call per
     rank) are dealt to the ranks; row i draws from (seed, step, draw, i) as in one process, so it comes out
     the same whichever rank, and however many, decode it. Each rank scores its own rows; every rank gets back
-    the whole batch in row order. Returns (rollout, texts, scores, rollout seconds, this rank's scoring
+    the whole batch in row order. Returns (rollout, texts, answers, scores, rollout seconds, this rank's scoring
     seconds)."""
     cfg, world = r.cfg, r.world
     start = time.perf_counter()
@@ -314,14 +316,20 @@ def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
                            row_keys=range(starts[call], starts[call] + len(call_rows)), progress=world.is_main)
         call_texts = r.tokenizer.batch_decode(rollout.responses(), skip_special_tokens=True)
         score_start = time.perf_counter()
-        call_scores = torch.tensor(r.pool.score([(t, p["answer"]) for t, p in zip(call_texts, call_rows)]))
+        call_answers, call_scores = scored(r, call_texts, call_rows)
         score_s += time.perf_counter() - score_start
         # on the CPU to cross ranks: a pickled CUDA tensor would land on the receiving rank's GPU of the same number
-        done.append((rollout.to("cpu"), call_texts, call_scores))
+        done.append((rollout.to("cpu"), call_texts, call_answers, call_scores))
     calls = distributed.gather_dealt(done, len(starts), world)
     rollout = Rollout.concat([c[0] for c in calls]).to(r.device)
-    texts, scores = [t for c in calls for t in c[1]], torch.cat([c[2] for c in calls])
-    return rollout, texts, scores, time.perf_counter() - start - score_s, score_s
+    texts, answers = [t for c in calls for t in c[1]], [a for c in calls for a in c[2]]
+    return rollout, texts, answers, torch.cat([c[3] for c in calls]), time.perf_counter() - start - score_s, score_s
+
+
+def scored(r: Run, texts: list[str], rows: list[dict]) -> tuple[list[str | None], torch.Tensor]:
+    """(each response's answer as the reward read it, its reward [n]) of one call's decoded responses."""
+    scores = torch.tensor(r.pool.score([(text, row["answer"]) for text, row in zip(texts, rows)]))
+    return list(r.pool.answers), scores
 
 
 def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, update_s: float) -> dict:
@@ -343,11 +351,11 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         **{key: result.get(key, 0.0) for key in MISMATCH_METRICS},
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
         "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
-        # How different a group's responses are (docs/experiments.md): answers compared by our grader's exact rules
-        # in this process (no second trip to its workers), or as strings when the reward is math-verify's or the
-        # user's.
-        **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size,
-                          same=surely_equal if cfg.grader == "ours" and not cfg.reward else None),
+        # How different a group's responses are (docs/experiments.md): the answers the reward read, compared by our
+        # grader's exact rules in this process (no second trip to its workers), or as strings when the reward is
+        # math-verify's or the user's.
+        **group_diversity(groups.texts, groups.scores.tolist(), cfg.group_size, answers=groups.answers,
+                          same=FastRules(r.pool) if cfg.grader == "ours" and not cfg.reward else None),
         "rollout_s": groups.rollout_s, "score_s": groups.score_s, "update_s": update_s,
         "rollout_tokens_per_s": num_tokens / groups.rollout_s,
         "update_tokens_per_s": num_tokens * cfg.ppo_epochs / update_s,
@@ -399,7 +407,7 @@ def log_step(r: Run, metrics: dict, groups: Groups) -> None:
         for row in range(0, len(groups.rows), max(1, len(groups.rows) // 2))[:2]:
             problem, text = groups.rows[row], groups.texts[row]
             record = {"step": metrics["step"], "prompt": r.tokenizer.decode(problem["prompt_ids"]),
-                      "response": text, "extracted": extract_answer(text), "reference": problem["answer"],
+                      "response": text, "extracted": groups.answers[row], "reference": problem["answer"],
                       "reward": float(groups.rewards[row])}
             f.write(json.dumps(record) + "\n")
             logged.append(record)

@@ -309,16 +309,6 @@ def _numbers_agree(pred: Answer, pred_value: Fraction, ref: Answer, ref_value: F
     return precision_matches(pred.text, pred_value, ref.text, ref_value)
 
 
-def surely_equal(a: str, b: str) -> bool:
-    """Whether the cheap exact rules (fast_verdict) find answer a equal to answer b: in this process, no sympy,
-    never raising. An undecided pair is not shown equal. A training step's diversity metric compares wrong
-    answers with it (runtime/diagnostics.py)."""
-    try:
-        return fast_verdict(a, b) is True
-    except Exception:  # noqa: BLE001 - a parse that fails shows nothing equal
-        return False
-
-
 def fast_verdict(prediction: str, reference: str, rel_tol: float = 0.0) -> bool | None:
     """True / False when cheap exact rules decide; None when sympy must. rel_tol: the benchmark's relative
     tolerance on numbers (0: exact; see _within_tolerance)."""

@@ -261,24 +261,29 @@ class RewardPool:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self.errors, self.timeouts, self.last_error = 0, 0, ""
+        self.answers: list[str | None] = []  # of the last batch scored (score)
         self._failures: list[tuple] = []  # (pair index, message, traceback, timed out) of the batch running
         self._grown_at = 0.0  # when the batch running began, or the pool last started a worker for it
         _live_pools.add(self)
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
         """A reward per (response, reference): kind "math" (final answer vs reference answer) or "choice"
-        (multiple-choice letter, GPQA; always ours unless reward_fn is set)."""
+        (multiple-choice letter, GPQA; always ours unless reward_fn is set). `answers` then holds the answer each
+        response gives as the reward reads it (its first candidate; None: none; kind "math" only), so that a
+        training step's metrics need not extract them again."""
         if kind not in ("math", "choice"):
             raise ValueError(f"kind must be 'math' or 'choice', not {kind!r}")
         pairs = [(_text(response), _text(reference)) for response, reference in pairs]
+        candidates = [candidate_answers(response, reference, self.require_boxed) if kind == "math" else []
+                      for response, reference in pairs]
+        self.answers = [found[0] if found else None for found in candidates]
         if self.reward_fn or (kind == "math" and self.grader == "math-verify"):
             jobs = [(index, response, reference) for index, (response, reference) in enumerate(pairs)]
             scores = self._run_all(jobs, self.timeout_s, [0.0] * len(pairs))
         elif kind == "choice":
             scores = [float(gives_choice(response, letter)) for response, letter in pairs]
         else:
-            jobs = [(candidate_answers(response, reference, self.require_boxed), reference_answer(reference))
-                    for response, reference in pairs]
+            jobs = [(found, reference_answer(reference)) for found, (_, reference) in zip(candidates, pairs)]
             scores = [float(equal) for equal in self.judge(jobs, self.timeout_s)]
         if self.require_boxed:  # whoever grades, an answer without a box scores 0
             scores = [score if box_spans(response) else 0.0 for score, (response, _) in zip(scores, pairs)]
@@ -291,8 +296,7 @@ class RewardPool:
             raise ValueError(f"judge() is our grader's; this pool scores with {self.reward_fn or self.grader}")
         scores = [0.0] * len(jobs)
         hard = []
-        for index, (candidates, reference) in enumerate(jobs):
-            fast = [_safe_fast_verdict(candidate, reference, self.rel_tol) for candidate in candidates]
+        for index, ((candidates, reference), fast) in enumerate(zip(jobs, self.fast_verdicts(jobs))):
             if True in fast:
                 scores[index] = 1.0
             elif None in fast:
@@ -301,6 +305,13 @@ class RewardPool:
         if hard:
             self._run_all(hard, timeout_s, scores)
         return [verdict == 1.0 for verdict in scores]
+
+    def fast_verdicts(self, jobs: list[tuple[list[str], str]]) -> list[list[bool | None]]:
+        """Our grader's cheap exact rules, in this process, for each candidate of each (candidate answers,
+        reference answer): True (equal), False (not), None (sympy must decide: judge sends those to the workers).
+        Never raises: a candidate the rules cannot parse is undecided."""
+        return [[_safe_fast_verdict(candidate, reference, self.rel_tol) for candidate in candidates]
+                for candidates, reference in jobs]
 
     def _run_all(self, jobs: list[tuple], timeout_s: float, scores: list[float]) -> list[float]:
         """Run (index, payload, reference) jobs in the workers; each score lands in scores[index]."""

@@ -2,7 +2,7 @@
 second trip to the reward's workers): how different a group's G responses are, and how close the fed mixtures
 are to the sampled tokens. docs/experiments.md defines each key.
 
-    group_diversity(texts, scores, group_size, same=surely_equal)  -> {"div/distinct_answers": ..., ...}
+    group_diversity(texts, scores, group_size, answers=pool.answers, same=FastRules(pool))  -> {"div/...": ...}
     mixture_closeness(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> (mean distance, mean cos)
 
 research/analysis.py runs the same measures over evaluated runs.
@@ -29,6 +29,17 @@ def _verdicts(pairs: list[tuple[str, str]], same) -> list[bool]:
     if hasattr(same, "judge"):
         return same.judge([([a], b) for a, b in pairs], getattr(same, "timeout_s", 5.0))
     return [bool(same(a, b)) for a, b in pairs]
+
+
+@dataclass
+class FastRules:
+    """A reward pool's cheap exact rules alone, in this process (RewardPool.fast_verdicts): what a training step
+    compares its groups' answers with. An undecided pair is not shown equal; nothing runs that the reward did not."""
+
+    pool: object  # a RewardPool of our grader
+
+    def judge(self, jobs: list[tuple[list[str], str]], timeout_s: float = 0.0) -> list[bool]:
+        return [True in verdicts for verdicts in self.pool.fast_verdicts(jobs)]
 
 
 def count_distinct_answers(groups: list[list[str]], same=None) -> list[int]:
@@ -78,14 +89,16 @@ def pairwise_distinct_ratio(texts: Sequence[str], n: int) -> list[float]:
     return ratios
 
 
-def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: int, *, same=None) -> dict:
+def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: int, *,
+                    answers: Sequence[str | None] | None = None, same=None) -> dict:
     """Diversity of one step's groups: rows g*G .. g*G+G-1 of `texts` (decoded responses) and `scores`
     (correctness, 1 / 0: not a shaped reward) are group g. Returns averages over the step's groups:
 
-    - div/distinct_answers: equivalence classes among a group's extracted final answers
-      (reward.extract_answer; `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once);
-      responses without an answer are left out (a group with none has 0). A training step passes
-      grading.grader.surely_equal: the grader's exact rules in this process, no second trip to its workers
+    - div/distinct_answers: equivalence classes among a group's final answers (`answers`: each response's, None
+      for none, as the reward read them, RewardPool.answers; not given: reward.extract_answer's);
+      `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once; responses without an answer
+      are left out (a group with none has 0). A training step passes FastRules(pool): the grader's exact rules
+      in this process, no second trip to its workers
     - div/no_answer: fraction of responses without an extracted answer
     - div/mixed_groups: fraction of groups with at least one correct and one wrong response
     - div/distinct_n (n = 1..4): mean over all pairs of responses within a group of pairwise_distinct_ratio;
@@ -95,7 +108,7 @@ def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: i
         raise ValueError(f"group_diversity: {len(texts)} texts and {len(scores)} scores do not form groups "
                          f"of {group_size}")
     groups = [list(texts[i : i + group_size]) for i in range(0, len(texts), group_size)]
-    answers = [extract_answer(text) for text in texts]
+    answers = [extract_answer(text) for text in texts] if answers is None else answers
     starts = range(0, len(texts), group_size)
     answered = [[a.strip() for a in answers[i : i + group_size] if a is not None] for i in starts]
     group_scores = [scores[i : i + group_size] for i in starts]

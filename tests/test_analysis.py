@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import eval as S
-from grading.grader import surely_equal
 from research import analysis as A
 from reward import RewardPool
 from runtime import diagnostics as D
@@ -39,10 +38,16 @@ def test_equivalent_answers_count_once_through_the_checker():
 
 
 def test_in_process_the_graders_exact_rules_decide_without_its_workers():
-    """What a training step passes (grading.grader.surely_equal): 1/2, \\frac{1}{2} and 0.5 count once, no pool."""
+    """What a training step passes: the answers its reward read (RewardPool.answers) and FastRules(pool), the
+    grader's exact rules in this process: 1/2, \\frac{1}{2} and 0.5 count once, no worker starts."""
     texts = [boxed("\\frac{1}{2}"), boxed("0.5"), boxed("1/2"), boxed("3"), boxed("4"), boxed("4.0"), boxed("5"),
              "no answer"]
-    metrics = D.group_diversity(texts, [1, 1, 1, 0, 0, 0, 0, 0], 4, same=surely_equal)
+    with RewardPool(num_workers=1) as pool:
+        pool.score([(text, "1/2") for text in texts])
+        metrics = D.group_diversity(texts, [1, 1, 1, 0, 0, 0, 0, 0], 4, answers=pool.answers,
+                                    same=D.FastRules(pool))
+        assert not pool._workers  # every pair was decided in this process
+    assert pool.answers[:4] == ["\\frac{1}{2}", "0.5", "1/2", "3"] and pool.answers[-1] is None
     assert metrics["div/distinct_answers"] == pytest.approx((2 + 2) / 2)  # {1/2, 3}, {4, 5}
 
 
