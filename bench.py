@@ -12,10 +12,10 @@
     python bench.py fingerprint         # five tiny training runs hashed: unchanged by a behaviour-preserving change
     python bench.py step-lines          # the lines and files one tiny training step executes
 
-Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that registers its subcommand
-(and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only the entry: it imports the
-one benchmark named (`python bench.py NAME --help` shows its flags), so that one benchmark's imports (the trainer,
-torch.compile, transformers) are not every benchmark's.
+Each benchmark is one file in benchmarks/ with an `add_parser(subparsers)` that registers its
+subcommand (and sets `run`); add a new one there and name it in BENCHMARKS below. This file is only
+the entry: it imports the one benchmark named (`python bench.py NAME --help` shows its flags), so
+that one benchmark's imports (the trainer, torch.compile, transformers) are not every benchmark's.
 """
 
 import argparse

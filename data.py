@@ -1,14 +1,16 @@
-"""Problems in, prompt token ids out: loading problem sets, rendering prompts, seeded resumable batching.
+"""Problems in, prompt token ids out: loading problem sets, rendering prompts, seeded resumable
+batching.
 
 Every problem set, whatever its field names, becomes a list of records {id, problem, answer}:
 
-    load_problems("../shared/data/eval/aime24.jsonl")[0]
-    -> {"id": "60", "problem": "Every morning Aya goes for a $9$-kilometer-long walk ...", "answer": "204"}
+    load_problems("../shared/data/eval/aime24.jsonl")[0] -> {"id": "60", "problem": "Every morning
+    Aya goes for a $9$-kilometer-long walk ...", "answer": "204"}
 
 Sources: a local .jsonl / .json (a list) / .parquet file, a hub dataset id (downloaded through
-huggingface_hub), or the built-in `arith` set of generated arithmetic word problems. A record is turned
-into a prompt exactly as docs/algorithm.md says: one user turn rendered with the tokenizer's chat template.
-The built-in `tiny` tokenizer (bytes + the DeepSeek chat tokens) lets all of this run offline.
+huggingface_hub), or the built-in `arith` set of generated arithmetic word problems. A record is
+turned into a prompt exactly as docs/algorithm.md says: one user turn rendered with the tokenizer's
+chat template. The built-in `tiny` tokenizer (bytes + the DeepSeek chat tokens) lets all of this run
+offline.
 """
 
 import hashlib
@@ -35,19 +37,21 @@ class DataError(ValueError):
 
 
 class HubUnreachable(DataError):
-    """A hub id whose files are neither reachable (no network, HF_HUB_OFFLINE) nor in the local cache; the
-    message says what to pass instead."""
+    """A hub id whose files are neither reachable (no network, HF_HUB_OFFLINE) nor in the local
+    cache; the message says what to pass instead."""
 
 
 def is_hub_id(name: str) -> bool:
-    """Whether a --model / --tokenizer / --data value names a hub repository (owner/name) rather than a local path:
-    it is of that form, no such path exists, and its owner is not a local folder (runs/dmeo is a mistyped run)."""
+    """Whether a --model / --tokenizer / --data value names a hub repository (owner/name) rather
+    than a local path: it is of that form, no such path exists, and its owner is not a local folder
+    (runs/dmeo is a mistyped run)."""
     path = Path(name).expanduser()
     return name.count("/") == 1 and not path.exists() and not path.parent.is_dir() and not name.startswith(".")
 
 
 def no_such_path(name: str, what: str) -> str:
-    """The message for a local path that does not exist, naming what its folder holds (a typo shows)."""
+    """The message for a local path that does not exist, naming what its folder holds (a typo
+    shows)."""
     path = Path(name).expanduser()
     folder = next((p for p in path.parents if p.is_dir()), Path("."))
     held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))[:8] if folder.is_dir() else []
@@ -56,10 +60,11 @@ def no_such_path(name: str, what: str) -> str:
 
 
 def hub_snapshot(repo_id: str, *, allow_patterns: list[str], instead: str, repo_type: str = "model") -> Path:
-    """The files of a hub repository matching allow_patterns, downloaded or found in the local cache, in one
-    attempt. snapshot_download asks the hub once and falls back to the cache (hf_hub_download and transformers
-    retry an unreachable hub for 27-50 s first); a hub that does not answer, with nothing cached, is one
-    HubUnreachable line ending in `instead`, what to pass in its place."""
+    """The files of a hub repository matching allow_patterns, downloaded or found in the local
+    cache, in one attempt. snapshot_download asks the hub once and falls back to the cache
+    (hf_hub_download and transformers retry an unreachable hub for 27-50 s first); a hub that does
+    not answer, with nothing cached, is one HubUnreachable line ending in `instead`, what to pass in
+    its place."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
@@ -84,8 +89,9 @@ def hub_snapshot(repo_id: str, *, allow_patterns: list[str], instead: str, repo_
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 USER, ASSISTANT, THINK, END_THINK = "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"
 
-# R1-Distill's template reduced to what a problem set needs (system, user and assistant turns); the same
-# shape: BOS, system text, <｜User｜>..., and a generation prompt ending in <｜Assistant｜><think>\n.
+# R1-Distill's template reduced to what a problem set needs (system, user and assistant turns); the
+# same shape: BOS, system text, <｜User｜>..., and a generation prompt ending in
+# <｜Assistant｜><think>\n.
 TINY_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
     "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
@@ -95,16 +101,18 @@ TINY_CHAT_TEMPLATE = (
 
 
 def _byte_chars() -> list[str]:
-    """The printable stand-in character of each byte in byte-level BPE vocabularies (GPT-2's mapping)."""
+    """The printable stand-in character of each byte in byte-level BPE vocabularies (GPT-2's
+    mapping)."""
     printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
     stand_ins = iter(range(256, 512))
     return [chr(b) if b in printable else chr(next(stand_ins)) for b in range(256)]
 
 
 def tiny_tokenizer():
-    """A transformers tokenizer that needs no download: token id b < 256 is the byte b, then the DeepSeek
-    chat tokens (ids 256-261: BOS, EOS, <｜User｜>, <｜Assistant｜>, <think>, </think>). BOS is prepended
-    and EOS doubles as padding, and <think> / </think> are ordinary (non-special) tokens, all as in R1-Distill."""
+    """A transformers tokenizer that needs no download: token id b < 256 is the byte b, then the
+    DeepSeek chat tokens (ids 256-261: BOS, EOS, <｜User｜>, <｜Assistant｜>, <think>, </think>). BOS is
+    prepended and EOS doubles as padding, and <think> / </think> are ordinary (non-special) tokens,
+    all as in R1-Distill."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -123,8 +131,8 @@ ROUND_TRIP_PROBE = "What is 1+1?\nLet's think step by step: 1 + 1 = 2."
 
 
 def round_trip(tokenizer) -> str:
-    """ROUND_TRIP_PROBE encoded and decoded again: the probe itself when the tokenizer keeps text (spaces
-    included)."""
+    """ROUND_TRIP_PROBE encoded and decoded again: the probe itself when the tokenizer keeps text
+    (spaces included)."""
     return tokenizer.decode(tokenizer.encode(ROUND_TRIP_PROBE, add_special_tokens=False))
 
 
@@ -132,11 +140,12 @@ _NOTED: set[str] = set()  # tokenizers load_tokenizer has said it reloaded (a ru
 
 
 def load_tokenizer(name_or_path: str):
-    """'tiny' -> the built-in tokenizer; anything else through transformers' AutoTokenizer, checked to give
-    back the text it encodes. transformers 5.x before ~5.2x loads a byte-level tokenizer.json whose
-    tokenizer_config names LlamaTokenizerFast (DeepSeek-R1-Distill-Qwen's does) with a SentencePiece pipeline
-    that drops every space from the prompts (huggingface/transformers#45488); such a tokenizer is loaded
-    again as the generic PreTrainedTokenizerFast, which follows tokenizer.json (same ids as transformers 4)."""
+    """'tiny' -> the built-in tokenizer; anything else through transformers' AutoTokenizer, checked
+    to give back the text it encodes. transformers 5.x before ~5.2x loads a byte-level
+    tokenizer.json whose tokenizer_config names LlamaTokenizerFast (DeepSeek-R1-Distill-Qwen's does)
+    with a SentencePiece pipeline that drops every space from the prompts
+    (huggingface/transformers#45488); such a tokenizer is loaded again as the generic
+    PreTrainedTokenizerFast, which follows tokenizer.json (same ids as transformers 4)."""
     if name_or_path == "tiny":
         return tiny_tokenizer()
     import transformers
@@ -168,9 +177,9 @@ def load_tokenizer(name_or_path: str):
 
 
 def math_prompt(problem: str, *, final_period: bool = True, instruction: str = MATH_INSTRUCTION) -> str:
-    """The paper's math prompt: the problem, then the instruction ('' = the problem alone). The released
-    preprocessing of the DeepScaleR training set drops the final period (final_period=False); evaluation
-    prompts keep it."""
+    """The paper's math prompt: the problem, then the instruction ('' = the problem alone). The
+    released preprocessing of the DeepScaleR training set drops the final period
+    (final_period=False); evaluation prompts keep it."""
     if not instruction:
         return problem
     text = f"{problem} {instruction}"
@@ -182,8 +191,8 @@ def gpqa_prompt(question: str) -> str:
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
-    """One user turn rendered with the tokenizer's chat template and a generation prompt (R1-Distill ends
-    with `<｜Assistant｜><think>\\n`); a tokenizer without a template gets the plain text."""
+    """One user turn rendered with the tokenizer's chat template and a generation prompt (R1-Distill
+    ends with `<｜Assistant｜><think>\\n`); a tokenizer without a template gets the plain text."""
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                  tokenize=False)
@@ -192,14 +201,15 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
 
 
 def pad_id_of(tokenizer) -> int:
-    """The id that pads prompts and finished responses: the tokenizer's pad token, else its end of sequence."""
+    """The id that pads prompts and finished responses: the tokenizer's pad token, else its end of
+    sequence."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int, style: str = "math",
                       final_period: bool = True, instruction: str = MATH_INSTRUCTION) -> tuple[list[dict], int]:
-    """Adds `prompt_ids` to each problem (style "math" with `instruction`, or "gpqa") and drops those longer
-    than max_prompt_tokens. Returns (kept problems, number dropped)."""
+    """Adds `prompt_ids` to each problem (style "math" with `instruction`, or "gpqa") and drops
+    those longer than max_prompt_tokens. Returns (kept problems, number dropped)."""
     kept = []
     for problem in problems:
         text = gpqa_prompt(problem["problem"]) if style == "gpqa" else math_prompt(
@@ -216,8 +226,8 @@ def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int
 def load_problems(source: str, *, split: str = "train", limit: int | None = None) -> list[dict]:
     """Problems {id, problem, answer} from a local file, a hub dataset id or a built-in set.
 
-    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1,max_count=5` (see arith_problems); its train and
-    test splits never share a problem."""
+    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1,max_count=5` (see arith_problems); its
+    train and test splits never share a problem."""
     if source == "arith" or source.startswith("arith:"):
         problems = arith_problems(split=split, first=limit, **_parse_options(source.partition(":")[2]))
     else:
@@ -243,8 +253,8 @@ def download_dataset(repo_id: str) -> Path:
 
 
 def _split_files(root: Path, split: str, source: str) -> list[Path]:
-    """The files of one split: those whose name mentions it (train-00000-of-00002.parquet, data/test.jsonl),
-    else the only data file there is (DeepScaleR ships a single deepscaler.json)."""
+    """The files of one split: those whose name mentions it (train-00000-of-00002.parquet,
+    data/test.jsonl), else the only data file there is (DeepScaleR ships a single deepscaler.json)."""
     files = sorted(f for f in root.rglob("*") if f.suffix in DATA_SUFFIXES and not f.name.startswith("dataset_")
                    and not any(part.startswith(".") for part in f.relative_to(root).parts))
     matching = [f for f in files if split in re.split(r"[^a-zA-Z0-9]+", str(f.relative_to(root)))]
@@ -281,7 +291,8 @@ def read_problem_file(path: Path) -> list[dict]:
 
 def _json_lines(text: str, path: Path) -> list[tuple[int, object]]:
     records = []
-    # split("\n"), not splitlines(): JSON strings may hold U+2028 or U+0085, which splitlines() breaks on.
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 or U+0085, which splitlines()
+    # breaks on.
     for line_no, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
@@ -324,8 +335,9 @@ def _skip_space(text: str, pos: int) -> int:
 
 
 def normalise_record(record, where: str, *, default_id: str) -> dict:
-    """{id, problem, answer} from the field names problem sets use. The answer is an `answer`-like field
-    or, failing that, the last \\boxed{} of a `solution`; `where` ("file:line") prefixes every error."""
+    """{id, problem, answer} from the field names problem sets use. The answer is an `answer`-like
+    field or, failing that, the last \\boxed{} of a `solution`; `where` ("file:line") prefixes every
+    error."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     problem = next((record[k] for k in PROBLEM_FIELDS if isinstance(record.get(k), str) and record[k].strip()), None)
@@ -356,7 +368,8 @@ def normalise_record(record, where: str, *, default_id: str) -> dict:
 
 
 def _answer_text(answer) -> str:
-    """27.0 -> "27", 2.5 -> "2.5", ["1", "2"] -> "1, 2", "025" stays "025" (the grader decides equality)."""
+    """27.0 -> "27", 2.5 -> "2.5", ["1", "2"] -> "1, 2", "025" stays "025" (the grader decides
+    equality)."""
     if answer is None:
         return ""
     if isinstance(answer, float) and answer.is_integer():
@@ -386,13 +399,15 @@ ITEMS = ("apples", "marbles", "stickers", "coins", "shells", "pencils", "stamps"
 
 def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str = "train",
                    max_count: int = 0, first: int | None = None) -> list[dict]:
-    """Seeded arithmetic word problems with exact non-negative integer answers and a worked solution.
+    """Seeded arithmetic word problems with exact non-negative integer answers and a worked
+    solution.
 
-    difficulty d: d operations (+, -, x, exact /) on counts up to max_count (0 = 10·d). A problem belongs to
-    the test split when a hash of its text falls in the lowest tenth, so train and test never share a problem.
-    A smaller max_count means fewer distinct sums to learn (the demo's max_count=5: 25 sums and 15
-    differences), so that a short RL run meets each of them many times. first: stop after that many, the first
-    problems of the whole set (a held-out set of 200 need not draw the rest).
+    difficulty d: d operations (+, -, x, exact /) on counts up to max_count (0 = 10·d). A problem
+    belongs to the test split when a hash of its text falls in the lowest tenth, so train and test
+    never share a problem. A smaller max_count means fewer distinct sums to learn (the demo's
+    max_count=5: 25 sums and 15 differences), so that a short RL run meets each of them many times.
+    first: stop after that many, the first problems of the whole set (a held-out set of 200 need not
+    draw the rest).
 
     >>> arith_problems(1, seed=3)[0]["problem"]
     'Jun has 9 books. Jun gets 4 more books. How many books does Jun have now?'
@@ -404,8 +419,9 @@ def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str
     rng = random.Random(f"arith:{difficulty}:{seed}" + (f":{max_count}" if max_count else ""))
     problems, seen = [], set()
     for _ in range(200 * n):  # small sets run out of distinct problems: stop rather than loop forever
-        # A draw is its choices; the text is written (and hashed for the split) only the first time they come up:
-        # a small set draws mostly repeats (the demo's: 200,000 draws, ~5,600 distinct problems).
+        # A draw is its choices; the text is written (and hashed for the split) only the first time
+        # they come up: a small set draws mostly repeats (the demo's: 200,000 draws, ~5,600 distinct
+        # problems).
         draw = _arith_draw(rng, difficulty, max_count or 10 * difficulty)
         if draw in seen:
             continue
@@ -421,8 +437,8 @@ def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str
 
 
 def _arith_draw(rng: random.Random, difficulty: int, top: int) -> tuple:
-    """One problem's random choices: (name, item, starting count, ((op, k), ...)). Two draws are the same problem
-    exactly when they are equal (the text is a function of them)."""
+    """One problem's random choices: (name, item, starting count, ((op, k), ...)). Two draws are the
+    same problem exactly when they are equal (the text is a function of them)."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     count = start = rng.randint(1, top)
     ops = []
@@ -468,8 +484,8 @@ class PromptBatcher:
     """Endless batches of problems in a seeded order that changes every epoch, with a cursor.
 
     The order of epoch e is a function of (seed, e) alone, so `state_dict()` (epoch, index) is all a
-    checkpoint needs: a resumed run sees exactly the prompts it would have seen. A batch that runs past
-    the end of an epoch is completed from the next one."""
+    checkpoint needs: a resumed run sees exactly the prompts it would have seen. A batch that runs
+    past the end of an epoch is completed from the next one."""
 
     def __init__(self, items: list, batch_size: int, seed: int = 0):
         if not items:
@@ -508,8 +524,8 @@ class PromptBatcher:
 
 
 def describe_load_error(error: Exception, flag: str) -> str:
-    """A loading failure as one line that names the flag it came from, with what to do when it needed the
-    network (these machines may not reach the Hugging Face hub)."""
+    """A loading failure as one line that names the flag it came from, with what to do when it
+    needed the network (these machines may not reach the Hugging Face hub)."""
     if isinstance(error, HubUnreachable):  # says itself what to pass instead
         return f"cannot load {flag}: {error}"
     text = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error).strip() else type(error).__name__

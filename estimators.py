@@ -1,7 +1,8 @@
-"""The estimators a GRPO-family update is built from, each written once as the formula its docstring states and
-registered by name, as verl's core_algos registers them: the advantage of each response from its group's rewards,
-the per-token KL to the reference, and the entropy controls (which tokens the policy gradient trains on, and the
-bonus's coefficient). docs/estimators.md gives each formula with its source and when to use it.
+"""The estimators a GRPO-family update is built from, each written once as the formula its docstring
+states and registered by name, as verl's core_algos registers them: the advantage of each response
+from its group's rewards, the per-token KL to the reference, and the entropy controls (which tokens
+the policy gradient trains on, and the bonus's coefficient). docs/estimators.md gives each formula
+with its source and when to use it.
 
     advantages_of(rewards, lengths, cfg)           --adv-estimator: grpo, negative, rloo, reinforce-baseline, passk
     KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)  k1, k2, k3, low-var (the released code's k3, the default)
@@ -49,13 +50,15 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "gr
     return centred.flatten()
 
 
-# Other advantage estimators, rewards [N] -> [N] (rows g G .. g G + G - 1: one prompt's group). "verl l. a-b": lines of
-# verl/trainer/ppo/core_algos.py at github.com/volcengine/verl b178a3cd (2026-01-29). See docs/estimators.md.
+# Other advantage estimators, rewards [N] -> [N] (rows g G .. g G + G - 1: one prompt's group).
+# "verl l. a-b": lines of verl/trainer/ppo/core_algos.py at github.com/volcengine/verl b178a3cd
+# (2026-01-29). See docs/estimators.md.
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """r_i - mean_{j != i} r_j = G / (G - 1) (r_i - mean_G r): REINFORCE leave-one-out (Ahmadian et al. 2024, "Back
-    to Basics", arXiv 2402.14740; verl l. 476-525, compute_rloo_outcome_advantage). A group of one: 0 (verl: r)."""
+    """r_i - mean_{j != i} r_j = G / (G - 1) (r_i - mean_G r): REINFORCE leave-one-out (Ahmadian et
+    al. 2024, "Back to Basics", arXiv 2402.14740; verl l. 476-525, compute_rloo_outcome_advantage).
+    A group of one: 0 (verl: r)."""
     groups = rewards.float().view(-1, group_size)  # [N / G, G]
     scale = group_size / (group_size - 1) if group_size > 1 else 0.0
     return ((groups - groups.mean(-1, keepdim=True)) * scale).flatten()
@@ -63,10 +66,11 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def reinforce_baseline_advantages(rewards: torch.Tensor, group_size: int, *,
                                   token_counts: torch.Tensor | None = None) -> torch.Tensor:
-    """REINFORCE++-baseline (Hu 2025, arXiv 2501.03262) as verl l. 422-473 has it: x = r - mean_G r (a group of one:
-    x = r), whitened over the batch, (x - mean x) / sqrt(var x + 1e-8), var unbiased (masked_whiten, verl/utils/
-    torch_functional.py l. 287-339). verl whitens tokens: token_counts [N] weighs each row by its response tokens as
-    verl does; None weighs rows alike. One row or one token in all: 0 (verl raises; n / (n - 1) divides by 0)."""
+    """REINFORCE++-baseline (Hu 2025, arXiv 2501.03262) as verl l. 422-473 has it: x = r - mean_G r
+    (a group of one: x = r), whitened over the batch, (x - mean x) / sqrt(var x + 1e-8), var
+    unbiased (masked_whiten, verl/utils/ torch_functional.py l. 287-339). verl whitens tokens:
+    token_counts [N] weighs each row by its response tokens as verl does; None weighs rows alike.
+    One row or one token in all: 0 (verl raises; n / (n - 1) divides by 0)."""
     groups = rewards.float().view(-1, group_size)  # [N / G, G]
     centred = (groups - groups.mean(-1, keepdim=True) if group_size > 1 else groups).flatten()  # [N]
     weights = torch.ones_like(centred) if token_counts is None else token_counts.float()
@@ -78,12 +82,13 @@ def reinforce_baseline_advantages(rewards: torch.Tensor, group_size: int, *,
 
 
 def passk_advantages(rewards: torch.Tensor, group_size: int, *, k: int = 1) -> torch.Tensor:
-    """G s_i^(loo-1) (Walder & Karkhanis, "Pass@K Policy Optimization", arXiv 2505.15201, Eq. 33): the group mean of
-    A_i grad log p(y_i) estimates grad pass@k (max_g@k, the expected best of k samples) without bias. s_i = sum over
-    k-subsets I holding i of (max_I r - max_{I \\ i} r) / C(G, k) = sum_{j ranked below i} C(rank_j - 1, k - 2)
-    (r_i - r_j) / C(G, k), ranks 1..G ascending (ties add 0). Binary: G C(G - c, k - 1) / C(G, k) for a correct row,
-    0 for the rest (c correct). k = 1: RLOO, the paper's k = 1 baseline. 1 <= k <= G. verl's grpo_passk (l. 360-419)
-    is k = G divided by G (std_G r + eps): (r_max - r_second) / (std_G r + eps) on a best row, 0 elsewhere.
+    """G s_i^(loo-1) (Walder & Karkhanis, "Pass@K Policy Optimization", arXiv 2505.15201, Eq. 33):
+    the group mean of A_i grad log p(y_i) estimates grad pass@k (max_g@k, the expected best of k
+    samples) without bias. s_i = sum over k-subsets I holding i of (max_I r - max_{I \\ i} r) / C(G,
+    k) = sum_{j ranked below i} C(rank_j - 1, k - 2) (r_i - r_j) / C(G, k), ranks 1..G ascending
+    (ties add 0). Binary: G C(G - c, k - 1) / C(G, k) for a correct row, 0 for the rest (c correct).
+    k = 1: RLOO, the paper's k = 1 baseline. 1 <= k <= G. verl's grpo_passk (l. 360-419) is k = G
+    divided by G (std_G r + eps): (r_max - r_second) / (std_G r + eps) on a best row, 0 elsewhere.
 
     >>> passk_advantages(torch.tensor([1., 0., 0., 0.]), 4, k=2)   # 4 C(3, 1) / C(4, 2)
     tensor([2., 0., 0., 0.])"""
@@ -100,9 +105,10 @@ def passk_advantages(rewards: torch.Tensor, group_size: int, *, k: int = 1) -> t
 
 @dataclass(frozen=True)
 class Estimator:
-    """An --adv-estimator: estimator(rewards [N], group_size, **options) -> advantages [N] (compute), one line for
-    --help (about), and the run's settings it reads (knobs), which options(settings, lengths) passes it (lengths [N]:
-    the response lengths, reinforce-baseline's token weights)."""
+    """An --adv-estimator: estimator(rewards [N], group_size, **options) -> advantages [N]
+    (compute), one line for --help (about), and the run's settings it reads (knobs), which
+    options(settings, lengths) passes it (lengths [N]: the response lengths, reinforce-baseline's
+    token weights)."""
 
     compute: Callable[..., torch.Tensor]
     about: str
@@ -144,42 +150,48 @@ def advantages_of(rewards: torch.Tensor, lengths: torch.Tensor, cfg) -> torch.Te
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(policy || reference): exp(d) - d - 1 with d = ref - logp clamped to
-    [-20, 20], the result clamped to [-10, 10]: the released code's low-variance KL (verl l. 1890-1896, below)."""
+    """Per-token k3 estimate of KL(policy || reference): exp(d) - d - 1 with d = ref - logp clamped
+    to [-20, 20], the result clamped to [-10, 10]: the released code's low-variance KL (verl l.
+    1890-1896, below)."""
     diff = (ref_logp - logp).clamp(-20.0, 20.0)
     return (diff.exp() - diff - 1.0).clamp(-10.0, 10.0)
 
 
-# Other per-token KL estimators [B, T], d = ref_logp - logp (Schulman, "Approximating KL Divergence", 2020), as verl's
-# kl_penalty_forward (verl l. 1867-1902) has them. k3_kl above is verl's "low_var_kl" (l. 1890-1896), clamps and all.
+# Other per-token KL estimators [B, T], d = ref_logp - logp (Schulman, "Approximating KL
+# Divergence", 2020), as verl's kl_penalty_forward (verl l. 1867-1902) has them. k3_kl above is
+# verl's "low_var_kl" (l. 1890-1896), clamps and all.
 
 
 def k1_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """-d = logp - ref_logp: unbiased, high variance, negative on some tokens (verl's "kl" / "k1", l. 1879-1880)."""
+    """-d = logp - ref_logp: unbiased, high variance, negative on some tokens (verl's "kl" / "k1",
+    l. 1879-1880)."""
     return logp - ref_logp
 
 
 def k2_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """d^2 / 2: biased, low variance, >= 0; its gradient on policy samples is KL's (verl's "mse" / "k2", l. 1885-6)."""
+    """d^2 / 2: biased, low variance, >= 0; its gradient on policy samples is KL's (verl's "mse" /
+    "k2", l. 1885-6)."""
     return 0.5 * (logp - ref_logp).square()
 
 
 def k3_unclamped_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """exp(d) - d - 1 without k3_kl's clamps, as Schulman writes it and TRL's GRPOTrainer computes it: unbiased,
-    >= 0; infinite where the policy gives a sampled token probability 0."""
+    """exp(d) - d - 1 without k3_kl's clamps, as Schulman writes it and TRL's GRPOTrainer computes
+    it: unbiased, >= 0; infinite where the policy gives a sampled token probability 0."""
     diff = ref_logp - logp
     return diff.exp() - diff - 1.0
 
 
-# By name: KL_ESTIMATORS[name](logp, ref_logp) -> [B, T]. low-var (the default) is the released code's k3.
+# By name: KL_ESTIMATORS[name](logp, ref_logp) -> [B, T]. low-var (the default) is the released
+# code's k3.
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "k1": k1_kl, "k2": k2_kl, "k3": k3_unclamped_kl, "low-var": k3_kl}
 
 
 def kl_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
-    """--kl-in-reward: kl_coef x the sum over each response's tokens of the KL estimate between the policy that drew it
-    and the reference [N], subtracted from its reward before the advantages (verl's apply_kl_penalty, ray_trainer.py:
-    token-level rewards = scores - beta x kl, summed by an outcome estimator; OpenRLHF's and NeMo RL's reward KL)."""
+    """--kl-in-reward: kl_coef x the sum over each response's tokens of the KL estimate between the
+    policy that drew it and the reference [N], subtracted from its reward before the advantages
+    (verl's apply_kl_penalty, ray_trainer.py: token-level rewards = scores - beta x kl, summed by an
+    outcome estimator; OpenRLHF's and NeMo RL's reward KL)."""
     return cfg.kl_coef * (KL_ESTIMATORS[cfg.kl_estimator](old_logp, ref_logp) * mask).sum(-1)
 
 
@@ -187,10 +199,11 @@ def kl_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tenso
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """The response tokens [B, T] whose entropy is among the top fraction `quantile` of the batch's (`mask`): the
-    policy gradient trains on these alone (Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939: the top 20% of a
-    batch's tokens by entropy; TRL's top_entropy_quantile, the release's entropy_top_ratio). The threshold is the
-    ceil(q n)-th largest of the n masked entropies; ties with it are kept, as TRL's `>=` keeps them."""
+    """The response tokens [B, T] whose entropy is among the top fraction `quantile` of the batch's
+    (`mask`): the policy gradient trains on these alone (Wang et al., "Beyond the 80/20 Rule", arXiv
+    2506.01939: the top 20% of a batch's tokens by entropy; TRL's top_entropy_quantile, the
+    release's entropy_top_ratio). The threshold is the ceil(q n)-th largest of the n masked
+    entropies; ties with it are kept, as TRL's `>=` keeps them."""
     values = entropy[mask.bool()].float()
     if quantile >= 1.0 or values.numel() == 0:
         return mask.bool()
@@ -201,11 +214,12 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
 
 @dataclass
 class EntropyControl:
-    """The entropy bonus's coefficient step by step. Fixed: --entropy-coef every step. Adaptive (--entropy-target
-    > 0), Skywork-OR1's adaptive entropy control (He et al., arXiv 2505.22312, Sec. 3.2): step k's coefficient is
-    c_k if e_k <= target, else 0, where e_k is the mean entropy of step k's responses under the policy that drew
-    them; then c_{k+1} = c_k + delta if e_k < target, c_k - delta if e_k > target, clipped to [0, --entropy-coef];
-    c_0 = 0. Its state (c) is saved with the run, so a resumed run continues it."""
+    """The entropy bonus's coefficient step by step. Fixed: --entropy-coef every step. Adaptive
+    (--entropy-target > 0), Skywork-OR1's adaptive entropy control (He et al., arXiv 2505.22312,
+    Sec. 3.2): step k's coefficient is c_k if e_k <= target, else 0, where e_k is the mean entropy
+    of step k's responses under the policy that drew them; then c_{k+1} = c_k + delta if e_k <
+    target, c_k - delta if e_k > target, clipped to [0, --entropy-coef]; c_0 = 0. Its state (c) is
+    saved with the run, so a resumed run continues it."""
 
     max_coef: float = 0.0
     target: float = 0.0

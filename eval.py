@@ -1,19 +1,21 @@
-"""Evaluation with the paper's protocol: n samples per problem, Mean@n and unbiased Pass@k on the benchmarks.
+"""Evaluation with the paper's protocol: n samples per problem, Mean@n and unbiased Pass@k on the
+benchmarks.
 
     python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500
     python eval.py --model tiny --benchmarks ../shared/data/eval/math500.jsonl --limit 6 --n 4 --max-new-tokens 16
     torchrun --nproc-per-node 8 -- eval.py --model runs/ngrpo/checkpoints/step-500 --batch-size 64
     python eval.py --model runs/demo --benchmarks arith:max_count=5 --instruction ''   # the demo's run, held out
 
-Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing (`--explore`
-evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes OUT/samples.jsonl (one
-line per sample) and OUT/results.json (fractions in [0, 1]); prints the table in percent. A sample's random
-draws depend only on (--seed, benchmark, problem, sample number), not on its batch: on a CPU the samples do
-not change with --batch-size, the number of processes under torchrun, or where a `--resume` picked up (on
-a GPU, bf16 kernels may round a row's logits differently in another batch shape, which can flip a token
-where two are nearly tied). Each finished batch is appended to samples.jsonl at once, so `--resume` after
-an interruption ends with the same results as one whole run; Ctrl-C or SIGTERM stops after the batch in
-flight and prints that `--resume` command.
+Defaults are the paper's: n = 32, temperature 0.6, top-p 0.95, up to 8,192 new tokens, no mixing
+(`--explore` evaluates with mixing at inference, the paper's ablation and Soft Thinking). Writes
+OUT/samples.jsonl (one line per sample) and OUT/results.json (fractions in [0, 1]); prints the table
+in percent. A sample's random draws depend only on (--seed, benchmark, problem, sample number), not
+on its batch: on a CPU the samples do not change with --batch-size, the number of processes under
+torchrun, or where a `--resume` picked up (on a GPU, bf16 kernels may round a row's logits
+differently in another batch shape, which can flip a token where two are nearly tied). Each finished
+batch is appended to samples.jsonl at once, so `--resume` after an interruption ends with the same
+results as one whole run; Ctrl-C or SIGTERM stops after the batch in flight and prints that
+`--resume` command.
 """
 
 import argparse
@@ -45,7 +47,8 @@ from strategies import STRATEGIES
 
 # What marks a training run's --out-dir given as eval.py --model (checkpoint_of_run).
 RUN_MARKS = ("checkpoints", "best", "metrics.jsonl")
-# Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local file.
+# Benchmark name -> (hub dataset id, split). GPQA-Diamond is gated on the hub: it needs a local
+# file.
 HUB_BENCHMARKS = {
     "aime24": ("math-ai/aime24", "test"),
     "aime25": ("math-ai/aime25", "test"),
@@ -54,9 +57,9 @@ HUB_BENCHMARKS = {
 }
 # ----------------------------------------------------------------------------- the estimators
 #
-# Over a benchmark's samples: unbiased Pass@k, Mean@n, and percentile bootstrap intervals over problems. This file
-# reports them; research/analysis.py and research/experiments.py compare runs with them. Nothing here knows where
-# the samples came from.
+# Over a benchmark's samples: unbiased Pass@k, Mean@n, and percentile bootstrap intervals over
+# problems. This file reports them; research/analysis.py and research/experiments.py compare runs
+# with them. Nothing here knows where the samples came from.
 
 
 PASS_KS = (1, 2, 4, 8, 16, 32)
@@ -72,8 +75,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def metric_values(correct: Sequence[Sequence[bool]], metrics: Sequence[str]) -> torch.Tensor:
-    """[P, S] float64: each problem's value of each metric, "mean@n" (its accuracy c / n) or "pass@k" (the
-    unbiased estimator; "pass@n" is k = n), so that a metric over a benchmark is the mean of its column."""
+    """[P, S] float64: each problem's value of each metric, "mean@n" (its accuracy c / n) or
+    "pass@k" (the unbiased estimator; "pass@n" is k = n), so that a metric over a benchmark is the
+    mean of its column."""
     sizes = {len(samples) for samples in correct}
     if len(sizes) != 1:
         raise ValueError(f"every problem needs the same number of samples, found {sorted(sizes)}")
@@ -96,8 +100,9 @@ def default_metrics(n: int, ks: Sequence[int] = PASS_KS) -> list[str]:
 
 
 def bootstrap_means(values: torch.Tensor, resamples: int, generator: torch.Generator) -> torch.Tensor:
-    """[B, S]: for each of B resamples of the P problems (uniform, with replacement: one torch.randint(P,
-    (B, P)) draw), the mean of each column of values [P, S] over the resampled problems."""
+    """[B, S]: for each of B resamples of the P problems (uniform, with replacement: one
+    torch.randint(P, (B, P)) draw), the mean of each column of values [P, S] over the resampled
+    problems."""
     P = values.shape[0]
     picks = torch.randint(P, (resamples, P), generator=generator)  # [B, P]
     ones = torch.ones_like(picks, dtype=values.dtype)
@@ -106,8 +111,8 @@ def bootstrap_means(values: torch.Tensor, resamples: int, generator: torch.Gener
 
 
 def percentile_interval(draws: torch.Tensor, level: float = LEVEL) -> torch.Tensor:
-    """[S, 2]: the (1 - level) / 2 and (1 + level) / 2 quantiles of each column of draws [B, S] (linear
-    interpolation between order statistics)."""
+    """[S, 2]: the (1 - level) / 2 and (1 + level) / 2 quantiles of each column of draws [B, S]
+    (linear interpolation between order statistics)."""
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=draws.dtype)
     return torch.quantile(draws, q, dim=0).T
 
@@ -115,7 +120,8 @@ def percentile_interval(draws: torch.Tensor, level: float = LEVEL) -> torch.Tens
 def intervals(correct_by_problem: Mapping[str, Sequence[bool]] | Sequence[Sequence[bool]], *,
               metrics: Sequence[str] | None = None, resamples: int = RESAMPLES, seed: int = 0,
               level: float = LEVEL) -> dict[str, list[float]]:
-    """Percentile bootstrap intervals over problems for one run's Mean@n and Pass@k (fractions in [0, 1]).
+    """Percentile bootstrap intervals over problems for one run's Mean@n and Pass@k (fractions in
+    [0, 1]).
 
     >>> intervals({"a": [True, True], "b": [True, True]}, resamples=100)
     {'mean@2': [1.0, 1.0], 'pass@1': [1.0, 1.0], 'pass@2': [1.0, 1.0]}
@@ -133,9 +139,10 @@ def intervals(correct_by_problem: Mapping[str, Sequence[bool]] | Sequence[Sequen
 
 
 def load_benchmark(spec: str, limit: int | None) -> tuple[str, list[dict], str]:
-    """(name, problems, kind) for a benchmark name, a local file or a built-in set; kind is "choice" for GPQA,
-    else "math". A built-in set (`arith`, `arith:max_count=5`, the demo's) is its test split, which never
-    shares a problem with the training split; it is named as experiments.py names it (arith-max-count-5)."""
+    """(name, problems, kind) for a benchmark name, a local file or a built-in set; kind is "choice"
+    for GPQA, else "math". A built-in set (`arith`, `arith:max_count=5`, the demo's) is its test
+    split, which never shares a problem with the training split; it is named as experiments.py names
+    it (arith-max-count-5)."""
     path = Path(spec).expanduser()
     if spec == "arith" or spec.startswith("arith:"):
         name = re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-").lower()
@@ -171,18 +178,18 @@ def load_benchmarks(specs: str, limit: int | None, *, flag: str) -> list[tuple[s
 
 
 def render_prompts(benchmarks, tokenizer, instruction: str) -> list[tuple[str, list[dict], str]]:
-    """The benchmarks with each problem's prompt_ids: the math prompt with `instruction` ('' = the problem
-    alone), or GPQA's own prompt for multiple choice."""
+    """The benchmarks with each problem's prompt_ids: the math prompt with `instruction` ('' = the
+    problem alone), or GPQA's own prompt for multiple choice."""
     return [(name, data.tokenize_problems(problems, tokenizer, style="gpqa" if kind == "choice" else "math",
                                           instruction=instruction, max_prompt_tokens=10**9)[0], kind)
             for name, problems, kind in benchmarks]
 
 
 def training_instruction_warning(model: str, instruction: str) -> str | None:
-    """A warning when --model is a checkpoint of train.py (its training config, config.json.run, beside the
-    weights; for a run's OUT/best, the run's config.json) whose math prompts had another instruction than this
-    evaluation's. The evaluation keeps its own --instruction: the same flags give the same prompts to every
-    model of a comparison."""
+    """A warning when --model is a checkpoint of train.py (its training config, config.json.run,
+    beside the weights; for a run's OUT/best, the run's config.json) whose math prompts had another
+    instruction than this evaluation's. The evaluation keeps its own --instruction: the same flags
+    give the same prompts to every model of a comparison."""
     run_config = Path(model).expanduser() / "config.json.run"
     if run_config.parent.name == "best" and not run_config.exists():
         run_config = run_config.parent.parent / "config.json"
@@ -198,7 +205,8 @@ def training_instruction_warning(model: str, instruction: str) -> str | None:
 
 
 def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
-    """evaluate()'s generate_fn: (prompt ids, seed, row keys) -> (decoded responses, tokens generated)."""
+    """evaluate()'s generate_fn: (prompt ids, seed, row keys) -> (decoded responses, tokens
+    generated)."""
 
     def generate_fn(prompts, seed, row_keys):
         rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
@@ -210,8 +218,8 @@ def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bo
 
 
 def summarize(correct: dict[str, list[bool]], n: int) -> dict:
-    """Mean@n (mean accuracy over all samples) and Pass@k for each k <= n, averaged over problems, and
-    "ci95": each one's 95% bootstrap interval over problems."""
+    """Mean@n (mean accuracy over all samples) and Pass@k for each k <= n, averaged over problems,
+    and "ci95": each one's 95% bootstrap interval over problems."""
     counts = [sum(samples) for samples in correct.values()]
     summary = {"n": n, "problems": len(counts), f"mean@{n}": sum(counts) / (n * len(counts))}
     for k in (k for k in PASS_KS if k <= n):
@@ -221,32 +229,35 @@ def summarize(correct: dict[str, list[bool]], n: int) -> dict:
 
 
 def benchmark_seed(seed: int, benchmark: str) -> int:
-    """The sampling seed of every sample of one benchmark (benchmarks draw independently of each other)."""
+    """The sampling seed of every sample of one benchmark (benchmarks draw independently of each
+    other)."""
     digest = hashlib.sha256(f"{seed}:{benchmark}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 def sample_key(problem_index: int, sample: int) -> int:
-    """The row key of a sample (rollout.generate's row_keys): its draws are a hash of (benchmark_seed, this
-    key, position), whatever batch it is generated in. Independent of --n: with --n 8, samples 0-3 are
-    those of --n 4."""
+    """The row key of a sample (rollout.generate's row_keys): its draws are a hash of
+    (benchmark_seed, this key, position), whatever batch it is generated in. Independent of --n:
+    with --n 8, samples 0-3 are those of --n 4."""
     return problem_index << 32 | sample
 
 
 def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed: int = 0, resume: bool = False,
              score_fn=None, progress: bool = True, world: World = World(), scored_by: dict | None = None,
              stop: guard.StopOnSignals | None = None) -> dict:
-    """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed, row_keys) ->
-    (texts, tokens)` in batches sorted by prompt length (seed: benchmark_seed; row_keys: each sample's
-    sample_key), scores them with `score_fn(pairs, kind, benchmark name) -> [0/1]`, writes samples.jsonl and
-    results.json (with `scored_by`, the grader settings, when given) under out_dir and returns the results.
+    """Runs every (problem, sample) of every benchmark through `generate_fn(prompt_ids, seed,
+    row_keys) -> (texts, tokens)` in batches sorted by prompt length (seed: benchmark_seed;
+    row_keys: each sample's sample_key), scores them with `score_fn(pairs, kind, benchmark name) ->
+    [0/1]`, writes samples.jsonl and results.json (with `scored_by`, the grader settings, when
+    given) under out_dir and returns the results.
 
-    Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0 gathers
-    each round's samples, writes them in batch order and alone writes the files. A sample's draws depend
-    on its seed and key only, so the results depend on neither the world size nor the batch size.
+    Under torchrun the batches are dealt to the ranks, W at a time (batch b to rank b % W); rank 0
+    gathers each round's samples, writes them in batch order and alone writes the files. A sample's
+    draws depend on its seed and key only, so the results depend on neither the world size nor the
+    batch size.
 
-    With `stop` (every rank passes one), a signal it caught ends the evaluation after the round in flight, on
-    every rank alike: KeyboardInterrupt(samples in samples.jsonl, the signal's number)."""
+    With `stop` (every rank passes one), a signal it caught ends the evaluation after the round in
+    flight, on every rank alike: KeyboardInterrupt(samples in samples.jsonl, the signal's number)."""
     out_dir = Path(out_dir)
     samples_path = out_dir / "samples.jsonl"
     done = finished_samples(samples_path, resume) if world.is_main else None
@@ -254,14 +265,16 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
     results = {}
     pace = tracking.Pace(sum(-(-(-(-len(problems) * n // batch_size)) // world.size) for _, problems, _ in benchmarks),
                          sum(len(problems) for _, problems, _ in benchmarks) * n, told=not (progress and world.is_main))
-    # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is closed
+    # unbuffered: a write the disk refuses fails here, naming the file, not later when the file is
+    # closed
     with open(samples_path, "ab", buffering=0) if world.is_main else contextlib.nullcontext() as samples_file:
         for name, problems, kind in benchmarks:
             items = sorted(((len(p["prompt_ids"]), i, s) for i, p in enumerate(problems) for s in range(n)))
             batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
             rounds = range(0, len(batches), world.size)
-            # Rounds a --resume finds done are skipped, not run through the bar: counted as instant, they would make
-            # its rate and time to go look many times faster than sampling is. Every rank skips the same (same done).
+            # Rounds a --resume finds done are skipped, not run through the bar: counted as instant,
+            # they would make its rate and time to go look many times faster than sampling is. Every
+            # rank skips the same (same done).
             todo = [first for first in rounds if not all(batch_done(name, problems, batch, done)
                                                          for batch in batches[first : first + world.size])]
             for _ in range(len(rounds) - len(todo)):
@@ -273,7 +286,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                 if first + world.rank < len(batches):
                     mine = run_batch(name, problems, kind, batches[first + world.rank], done, generate_fn, score_fn,
                                      benchmark_seed(seed, name))
-                    # refresh=False: the bar draws it with its next count (a redraw now would show a stale one)
+                    # refresh=False: the bar draws it with its next count (a redraw now would show a
+                    # stale one)
                     bar.set_postfix(tokens_per_s=f"{mine[1] / (time.perf_counter() - start):.0f}", refresh=False)
                 pace.batch_done(time.perf_counter() - start, generated=mine[1] > 0)
                 this_round = min(world.size, len(batches) - first)
@@ -297,8 +311,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
 
 
 def append_samples(samples_file, records: list[dict]) -> None:
-    """Appends a finished batch at once, so that it survives an interruption; a refused write (a full disk)
-    names the file. A torn last line is dropped by the next --resume."""
+    """Appends a finished batch at once, so that it survives an interruption; a refused write (a
+    full disk) names the file. A torn last line is dropped by the next --resume."""
     unwritten = memoryview("".join(json.dumps(record) + "\n" for record in records).encode())
     try:
         while unwritten:
@@ -308,8 +322,9 @@ def append_samples(samples_file, records: list[dict]) -> None:
 
 
 def finished_samples(samples_path: Path, resume: bool) -> dict:
-    """The samples of an earlier run kept by --resume, by (benchmark, problem id, sample); without --resume
-    the file is removed. A last line cut short by an interruption is dropped (that batch runs again)."""
+    """The samples of an earlier run kept by --resume, by (benchmark, problem id, sample); without
+    --resume the file is removed. A last line cut short by an interruption is dropped (that batch
+    runs again)."""
     samples_path.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if resume and samples_path.exists():
@@ -337,9 +352,9 @@ def finished_samples(samples_path: Path, resume: bool) -> dict:
 
 
 def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) -> tuple[list[dict], int]:
-    """Generates and scores one batch of (prompt length, problem index, sample) items; returns the records
-    of the samples not yet in `done` (a batch of another --batch-size may have done part of this one) and
-    the number of tokens generated."""
+    """Generates and scores one batch of (prompt length, problem index, sample) items; returns the
+    records of the samples not yet in `done` (a batch of another --batch-size may have done part of
+    this one) and the number of tokens generated."""
     if batch_done(name, problems, batch, done):
         return [], 0
     keys = [(name, problems[i]["id"], s) for _, i, s in batch]
@@ -354,7 +369,8 @@ def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) ->
 
 
 def batch_done(name, problems, batch, done) -> bool:
-    """Whether every (problem, sample) of the batch is in `done` (written by an earlier run that --resume reads)."""
+    """Whether every (problem, sample) of the batch is in `done` (written by an earlier run that
+    --resume reads)."""
     return all((name, problems[i]["id"], s) in done for _, i, s in batch)
 
 
@@ -382,15 +398,16 @@ def auto_batch_size(model, max_len: int, num_items: int) -> int:
     return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))
 
 
-# The Config fields eval.py shares with train.py (same flags, same help, same validation): every method's knobs but
-# the table refresh, which needs optimizer steps; and the defaults of the paper's evaluation protocol where they
-# differ from training's.
+# The Config fields eval.py shares with train.py (same flags, same help, same validation): every
+# method's knobs but the table refresh, which needs optimizer steps; and the defaults of the paper's
+# evaluation protocol where they differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k", "min_p",
                "explore", *config.THINKING, *(name for name in config.KNOBS if name != "neighbor_refresh"),
                "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader", "reward",
                "require_boxed", "rel_tol", "reward_timeout_s")
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
-# eval.py's own words for the shared flags (and section titles) whose training help would mislead here.
+# eval.py's own words for the shared flags (and section titles) whose training help would mislead
+# here.
 EVAL_HELP = {
     "model": "the model to evaluate (required): a Hugging Face directory such as a run's "
              "runs/ngrpo/checkpoints/step-N, a training run's --out-dir (its best checkpoint, else its latest), a "
@@ -409,21 +426,24 @@ EVAL_HELP = {
     "overwrite": "start over in an --out-dir that holds an earlier evaluation, deleting its samples (without it "
                  "such an evaluation stops at once)",
 }
-# What results.json's numbers depend on: a --resume with any of these changed would mix two evaluations.
+# What results.json's numbers depend on: a --resume with any of these changed would mix two
+# evaluations.
 RESULT_SETTINGS = ("benchmarks", "limit", "n", *(name for name in EVAL_FIELDS if name not in (
     "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "reward_timeout_s")))
-# What an out-dir written before a setting was recorded holds: eval.py then always used the paper's instruction;
-# any other setting it does not hold (the sampling settings from min_p on were recorded from 2026-11-28; a knob
-# added since) was at its default.
+# What an out-dir written before a setting was recorded holds: eval.py then always used the paper's
+# instruction; any other setting it does not hold (the sampling settings from min_p on were recorded
+# from 2026-11-28; a knob added since) was at its default.
 UNRECORDED_SETTINGS = {"instruction": data.MATH_INSTRUCTION, "rel_tol": None}
-# A benchmark's published rule for numbers (--rel-tol unset): a relative tolerance where its own grader allows one.
-# TheoremQA: within_eps, |prediction - reference| <= 0.04 |reference| (TIGER-AI-Lab/TheoremQA, number_utils.py,
-# lines 19-24, used at line 83); every other benchmark here is graded exactly (docs/reward.md).
+# A benchmark's published rule for numbers (--rel-tol unset): a relative tolerance where its own
+# grader allows one. TheoremQA: within_eps, |prediction - reference| <= 0.04 |reference|
+# (TIGER-AI-Lab/TheoremQA, number_utils.py, lines 19-24, used at line 83); every other benchmark
+# here is graded exactly (docs/reward.md).
 PUBLISHED_REL_TOL = {"theoremqa": 0.04}
 
 
 def benchmark_rel_tol(name: str, rel_tol: float | None) -> float:
-    """The relative tolerance a benchmark's numbers are graded with: --rel-tol if given, else its published rule."""
+    """The relative tolerance a benchmark's numbers are graded with: --rel-tol if given, else its
+    published rule."""
     if rel_tol is not None:
         return rel_tol
     return next((tol for key, tol in PUBLISHED_REL_TOL.items() if key in name.lower()), 0.0)
@@ -449,7 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
-    """The eval-only flags and a Config of the shared ones, validated by the same rules as train.py's."""
+    """The eval-only flags and a Config of the shared ones, validated by the same rules as
+    train.py's."""
     parser = build_parser()
     with cli.quiet_on_broken_pipe():  # --help | head
         args = parser.parse_args(argv)
@@ -481,9 +502,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
 
 
 def checkpoint_of_run(model: str) -> tuple[str, str | None]:
-    """(--model as eval.py loads it, a note or None). A training run's --out-dir (a folder with RUN_MARKS and no
-    weights of its own) stands for its best checkpoint (OUT/best, kept by --keep-best), else its newest intact
-    one; the note says which."""
+    """(--model as eval.py loads it, a note or None). A training run's --out-dir (a folder with
+    RUN_MARKS and no weights of its own) stands for its best checkpoint (OUT/best, kept by
+    --keep-best), else its newest intact one; the note says which."""
     path = Path(model).expanduser()
     if not path.is_dir() or any(path.glob("*.safetensors")) or not any((path / m).exists() for m in RUN_MARKS):
         return model, None  # (a run's folder before its first checkpoint: load_model says so)
@@ -507,8 +528,9 @@ def settings_of(args: argparse.Namespace, cfg: config.Config) -> dict:
 
 
 def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: bool) -> None:
-    """An out-dir holding an earlier evaluation needs --resume (with the same settings) or --overwrite.
-    Checked before anything is loaded; main writes OUT/settings.json before the first sample."""
+    """An out-dir holding an earlier evaluation needs --resume (with the same settings) or
+    --overwrite. Checked before anything is loaded; main writes OUT/settings.json before the first
+    sample."""
     if out_dir.exists() and not out_dir.is_dir():
         raise data.DataError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
     saved_path, samples = out_dir / "settings.json", out_dir / "samples.jsonl"
@@ -537,7 +559,8 @@ def claim_out_dir(out_dir: Path, settings: dict, *, resume: bool, overwrite: boo
 
 
 def main(argv=None) -> dict:
-    """Under torchrun every rank loads the model and samples its share of the batches (see `evaluate`)."""
+    """Under torchrun every rank loads the model and samples its share of the batches (see
+    `evaluate`)."""
     args, cfg = parse_args(argv)
     try:
         world = distributed.init_world(cfg.device, cfg.dist_timeout_s)
@@ -564,8 +587,9 @@ def main(argv=None) -> dict:
 
 
 def interrupted(interrupt: KeyboardInterrupt, out_dir: Path, argv: list[str]) -> str:
-    """What an interrupted evaluation says: the samples kept and the command that continues it. A second
-    Ctrl-C (a KeyboardInterrupt with no args) drops the batch in flight; the samples written before it stay."""
+    """What an interrupted evaluation says: the samples kept and the command that continues it. A
+    second Ctrl-C (a KeyboardInterrupt with no args) drops the batch in flight; the samples written
+    before it stay."""
     samples = out_dir / "samples.jsonl"
     kept = interrupt.args[0] if interrupt.args else \
         (len(samples.read_text().splitlines()) if samples.is_file() else 0)

@@ -1,4 +1,5 @@
-"""Our own decoder-only transformer for the Qwen2 (DeepSeek-R1-Distill-Qwen), Qwen3 and Llama-3 families.
+"""Our own decoder-only transformer for the Qwen2 (DeepSeek-R1-Distill-Qwen), Qwen3 and Llama-3
+families.
 
 One small module that owns the network and nothing else: the forward pass (token ids *or* input
 embeddings, since the N-GRPO sampler feeds mixtures of embedding rows), a static KV cache that the
@@ -62,8 +63,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
-        """Reads a config.json dict as written by transformers 4.x (`rope_theta`, `rope_scaling`) or 5.x
-        (`rope_parameters`)."""
+        """Reads a config.json dict as written by transformers 4.x (`rope_theta`, `rope_scaling`) or
+        5.x (`rope_parameters`)."""
         family = hf.get("model_type")
         if family not in ARCHITECTURES:
             named = ", ".join(hf.get("architectures") or []) or f"model_type={family!r}"
@@ -137,16 +138,18 @@ class ModelConfig:
         return hf
 
 
-# The `tiny` preset: an R1-Distill-shaped Qwen2 (q/k/v bias, untied embeddings) small enough that every
-# code path runs in seconds on a CPU. Its 262 rows are exactly data.py's built-in tokenizer (256 bytes + 6 chat
-# tokens), so even an untrained tiny model never samples an id that decodes to nothing.
+# The `tiny` preset: an R1-Distill-shaped Qwen2 (q/k/v bias, untied embeddings) small enough that
+# every code path runs in seconds on a CPU. Its 262 rows are exactly data.py's built-in tokenizer
+# (256 bytes + 6 chat tokens), so even an untrained tiny model never samples an id that decodes to
+# nothing.
 TINY_CONFIG = ModelConfig(
     family="qwen2", vocab_size=262, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
     num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=4096,
 )
 
 
-# What --model takes besides a checkpoint: an architecture with random weights (load_model, runtime/plan.py).
+# What --model takes besides a checkpoint: an architecture with random weights (load_model,
+# runtime/plan.py).
 MODEL_PRESETS = {"tiny": TINY_CONFIG}
 
 
@@ -156,7 +159,8 @@ def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
     inv_freq = 1.0 / (cfg.rope_theta ** exponent)
     if cfg.rope_scaling is None:
         return inv_freq
-    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between
+    # interpolated.
     s = cfg.rope_scaling
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old_len = s["original_max_position_embeddings"]
@@ -259,8 +263,8 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# The linear projections of every block, attention then MLP, named as in Hugging Face checkpoints (what LoRA's
-# adapters can wrap: runtime/lora.py, --lora-targets).
+# The linear projections of every block, attention then MLP, named as in Hugging Face checkpoints
+# (what LoRA's adapters can wrap: runtime/lora.py, --lora-targets).
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -281,9 +285,10 @@ class Block(nn.Module):
 class KVCache:
     """Preallocated keys and values for every layer: [num_layers, B, max_len, Hkv, D] each.
 
-    Slot s of a row holds the token written at cache position s; rows of a left-padded batch share slot
-    numbers, and the attention mask says which slots of each row are real. Positions before heads: each row's
-    layer is one [max_len, Hkv, D] block, the layout FlashAttention's variable-length kernel reads in place."""
+    Slot s of a row holds the token written at cache position s; rows of a left-padded batch share
+    slot numbers, and the attention mask says which slots of each row are real. Positions before
+    heads: each row's layer is one [max_len, Hkv, D] block, the layout FlashAttention's
+    variable-length kernel reads in place."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -298,8 +303,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.hf_config = hf_config  # the config.json it was loaded from, written back as it was by save_model
-        # nn.Embedding's own N(0, 1) draw, skipped on the meta device (shapes only: load_model, random_model, the
-        # plan), where its meta kernel alone imports torch._dynamo: ~2 s of CPU at the start of every process.
+        # nn.Embedding's own N(0, 1) draw, skipped on the meta device (shapes only: load_model,
+        # random_model, the plan), where its meta kernel alone imports torch._dynamo: ~2 s of CPU at
+        # the start of every process.
         embedding = torch.empty(cfg.vocab_size, cfg.hidden_size)
         if not embedding.is_meta:
             nn.init.normal_(embedding)
@@ -310,15 +316,16 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.gradient_checkpointing = False  # recompute each block in backward instead of storing it
         self.compiled_layers: list | None = None  # compile_layers(): each block under torch.compile
-        # RoPE frequencies per device, in fp32 whatever the weights' dtype: a cache, not a buffer, so that
-        # casting the model to bf16 can never round them.
+        # RoPE frequencies per device, in fp32 whatever the weights' dtype: a cache, not a buffer,
+        # so that casting the model to bf16 can never round them.
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def compile_layers(self, enable: bool = True) -> None:
-        """Run each block of the full-sequence forward (training, replay, prefill) under torch.compile, which fuses
-        the elementwise chains between its matrix products (RMSNorm, RoPE, SiLU x up, residual adds, autocast's
-        casts) in the forward and the backward. Sequence lengths are dynamic: one compile serves them all.
-        The parameters stay the module's own (state_dict unchanged); enable=False goes back to eager."""
+        """Run each block of the full-sequence forward (training, replay, prefill) under
+        torch.compile, which fuses the elementwise chains between its matrix products (RMSNorm,
+        RoPE, SiLU x up, residual adds, autocast's casts) in the forward and the backward. Sequence
+        lengths are dynamic: one compile serves them all. The parameters stay the module's own
+        (state_dict unchanged); enable=False goes back to eager."""
         self.compiled_layers = [torch.compile(layer, dynamic=True) for layer in self.layers] if enable else None
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
@@ -417,8 +424,8 @@ class Transformer(nn.Module):
 
 
 def init_weights(model: Transformer, seed: int = 0) -> Transformer:
-    """Random weights as transformers initialises them: N(0, initializer_range) matrices, zero biases,
-    unit norms. Drawn from a seeded generator on the model's device, so it is reproducible."""
+    """Random weights as transformers initialises them: N(0, initializer_range) matrices, zero
+    biases, unit norms. Drawn from a seeded generator on the model's device, so it is reproducible."""
     device = model.embed_tokens.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
@@ -437,8 +444,9 @@ def random_model(cfg: ModelConfig | str | Path, *, dtype=torch.float32, device="
     for tests and benchmarks at the real shapes without the real weights."""
     if not isinstance(cfg, ModelConfig):
         cfg = ModelConfig.from_hf(json.loads(Path(cfg).read_text()))
-    # Built on the meta device (shapes only), then given memory in `dtype` on `device`: no fp32 copy and no
-    # default initialisation to throw away (init_weights draws every value): 2.5x faster at 1.5B on 2 cores.
+    # Built on the meta device (shapes only), then given memory in `dtype` on `device`: no fp32 copy
+    # and no default initialisation to throw away (init_weights draws every value): 2.5x faster at
+    # 1.5B on 2 cores.
     with torch.device("meta"):
         model = Transformer(cfg).to(dtype)
     return init_weights(model.to_empty(device=device), seed)
@@ -470,10 +478,10 @@ def _checkpoint_files(path: Path) -> list[Path]:
 def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda", seed: int = 0) -> Transformer:
     """Load a Hugging Face checkpoint (local directory or hub id) into our Transformer.
 
-    The module is built on the meta device and the safetensors tensors are read straight onto `device`
-    and assigned, so the weights are never materialised twice. A name of MODEL_PRESETS ("tiny") gives that
-    architecture with random weights drawn from `seed` in fp32, then cast to `dtype` (the same weights in any
-    dtype: a bf16 reference is the fp32 policy rounded)."""
+    The module is built on the meta device and the safetensors tensors are read straight onto
+    `device` and assigned, so the weights are never materialised twice. A name of MODEL_PRESETS
+    ("tiny") gives that architecture with random weights drawn from `seed` in fp32, then cast to
+    `dtype` (the same weights in any dtype: a bf16 reference is the fp32 policy rounded)."""
     if name_or_path in MODEL_PRESETS:
         return random_model(MODEL_PRESETS[name_or_path], dtype=torch.float32, device=device, seed=seed).to(dtype)
     path = resolve_checkpoint(name_or_path)
@@ -510,10 +518,10 @@ def load_model(name_or_path: str, *, dtype=torch.bfloat16, device="cuda", seed: 
 
 
 def save_model(model: Transformer, out_dir, tokenizer=None, *, max_shard_bytes: int = 5 * 2**30, dtype=None):
-    """Write `model` in the Hugging Face layout that `transformers.AutoModelForCausalLM` loads: config.json
-    and model.safetensors, or numbered shards plus model.safetensors.index.json when the weights exceed
-    `max_shard_bytes`; and the tokenizer's files when one is given. Tensors keep the model's dtype
-    unless `dtype` says otherwise."""
+    """Write `model` in the Hugging Face layout that `transformers.AutoModelForCausalLM` loads:
+    config.json and model.safetensors, or numbered shards plus model.safetensors.index.json when the
+    weights exceed `max_shard_bytes`; and the tokenizer's files when one is given. Tensors keep the
+    model's dtype unless `dtype` says otherwise."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -548,7 +556,8 @@ def save_model(model: Transformer, out_dir, tokenizer=None, *, max_shard_bytes: 
 
 
 def kv_cache_bytes(cfg: ModelConfig, rows: int, tokens: int, dtype=torch.bfloat16) -> int:
-    """Bytes of a KV cache for `rows` sequences of `tokens` positions (keys and values of every layer)."""
+    """Bytes of a KV cache for `rows` sequences of `tokens` positions (keys and values of every
+    layer)."""
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * rows * element
 

@@ -1,7 +1,7 @@
-"""The N-GRPO algorithm: what training does with a Rollout. Zhu, Yu, Di, Zhu, "N-GRPO: Embedding-Level Neighbor
-Mixing for Enhanced Policy Optimization" (ACL 2026 Findings, arXiv 2606.10768); its released code is
-github.com/ZJUSCL/N-GRPO, whose recipe this repo follows where the paper's text reads otherwise
-(docs/paper-vs-release.md).
+"""The N-GRPO algorithm: what training does with a Rollout. Zhu, Yu, Di, Zhu, "N-GRPO:
+Embedding-Level Neighbor Mixing for Enhanced Policy Optimization" (ACL 2026 Findings, arXiv
+2606.10768); its released code is github.com/ZJUSCL/N-GRPO, whose recipe this repo follows where the
+paper's text reads otherwise (docs/paper-vs-release.md).
 
 What runs by default (`python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B`, preset paper-1.5b):
   1. Rollouts (rollout.py): 64 prompts x G = 4 responses at temperature 1. At each decode step, with probability
@@ -18,11 +18,13 @@ What runs by default (`python train.py --model deepseek-ai/DeepSeek-R1-Distill-Q
 
     rewards -> replay (old policy, reference) -> advantages -> micro-batches -> policy_loss -> AdamW
 
-Each estimator (the advantage, the KL, the entropy controls) is a function of estimators.py, chosen by name.
+Each estimator (the advantage, the KL, the entropy controls) is a function of estimators.py, chosen
+by name.
 
-The loss is a token mean over the mini-batch (or over runs of rows, or over its sequences: --loss-agg): each
-micro-batch divides by the whole mini-batch's count, so the gradient does not depend on how it is split.
---rollout-is weighs each token's loss by pi_train(y) / pi_sampler(y) (off by default, as released).
+The loss is a token mean over the mini-batch (or over runs of rows, or over its sequences:
+--loss-agg): each micro-batch divides by the whole mini-batch's count, so the gradient does not
+depend on how it is split. --rollout-is weighs each token's loss by pi_train(y) / pi_sampler(y) (off
+by default, as released).
 """
 
 import math
@@ -58,8 +60,8 @@ def keep_groups(rewards: torch.Tensor, group_size: int, strategy: str) -> torch.
 
 
 def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment, added to the reward: 0 up to max - L tokens, then falling linearly to
-    -factor at max (L = buffer). [N] float; all zero when buffer is 0."""
+    """DAPO's soft overlong punishment, added to the reward: 0 up to max - L tokens, then falling
+    linearly to -factor at max (L = buffer). [N] float; all zero when buffer is 0."""
     if buffer <= 0:
         return torch.zeros(lengths.shape)
     return ((max_new_tokens - buffer - lengths.float()) / buffer * factor).clamp(max=0.0)
@@ -83,8 +85,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, normalizer
 
 
 def group_tokens(mask: torch.Tensor, rows: int) -> torch.Tensor:
-    """[B]: the response tokens of the run of `rows` consecutive rows (0..rows-1, rows..2 rows-1, ...) that
-    each row belongs to, at least 1.
+    """[B]: the response tokens of the run of `rows` consecutive rows (0..rows-1, rows..2 rows-1,
+    ...) that each row belongs to, at least 1.
 
     >>> group_tokens(torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]]), 2)
     tensor([3., 3., 3.])"""
@@ -198,13 +200,14 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
 
 # ----------------------------------------------------------------------------- the sampler is not the policy
 #
-# On a GPU the rollouts come from a bf16 copy of the weights and the loss from the fp32 policy under autocast:
-# a token y was drawn from pi_sampler, not from the pi_train the PPO ratio assumes. w = pi_train(y) /
-# pi_sampler(y) (the replayed old policy's probability over the one the sampler recorded) measures it and,
-# with --rollout-is, corrects it (docs/algorithm.md, "The sampler is not the policy"): truncated importance
-# sampling (TIS: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training") or
-# masked importance sampling (IcePop; Liu, Li et al. 2025, "When speed kills stability"), per token or per
-# sequence; verl's rollout_corr_helper.py and TRL's vllm_importance_sampling_mode offer the same four modes.
+# On a GPU the rollouts come from a bf16 copy of the weights and the loss from the fp32 policy under
+# autocast: a token y was drawn from pi_sampler, not from the pi_train the PPO ratio assumes. w =
+# pi_train(y) / pi_sampler(y) (the replayed old policy's probability over the one the sampler
+# recorded) measures it and, with --rollout-is, corrects it (docs/algorithm.md, "The sampler is not
+# the policy"): truncated importance sampling (TIS: Yao et al. 2025, "Your efficient RL framework
+# secretly brings you off-policy RL training") or masked importance sampling (IcePop; Liu, Li et al.
+# 2025, "When speed kills stability"), per token or per sequence; verl's rollout_corr_helper.py and
+# TRL's vllm_importance_sampling_mode offer the same four modes.
 
 # What mismatch_sums adds up over micro-batches and ranks (the *_max ones are maxima).
 MISMATCH_SUMS = ("tokens", "rows", "gap_sum", "gap_max", "kl_sum", "ppl_ratio_sum", "weight_sum", "weight_count",
@@ -216,9 +219,9 @@ MISMATCH_METRICS = ("logp_gap_mean", "logp_gap_max", "rollout_kl", "rollout_ppl_
 
 @dataclass(frozen=True)
 class RolloutCorrection:
-    """--rollout-is and its bounds: what w = pi_train(y) / pi_sampler(y) does to each token's loss. mode: none,
-    token-truncate, token-mask, sequence-truncate or sequence-mask; cap: C, the truncation cap and the mask
-    modes' upper bound; lower: the mask modes' lower bound (0 = 1 / C)."""
+    """--rollout-is and its bounds: what w = pi_train(y) / pi_sampler(y) does to each token's loss.
+    mode: none, token-truncate, token-mask, sequence-truncate or sequence-mask; cap: C, the
+    truncation cap and the mask modes' upper bound; lower: the mask modes' lower bound (0 = 1 / C)."""
 
     mode: str = "none"
     cap: float = 2.0
@@ -311,26 +314,29 @@ def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- micro-batches
 #
-# How the update splits rows into micro-batches: a fixed number of rows (--micro-batch-size), or a token budget
-# (--micro-batch-tokens N) that groups rows of similar length so that little of the replay computes on padding.
-# A micro-batch is replayed right-padded to its longest row, so its cost is rows x padded length: under a budget
-# the rows are sorted longest first and cut into runs with rows x longest <= N. The loss still divides by the
-# whole mini-batch's count, so the gradient is the fixed-row one up to the order of float sums. Under torchrun
-# every rank holds the whole mini-batch; rows go to the ranks longest first, each to the rank with the fewest
-# tokens so far, and the rank with fewer micro-batches pads with stand-ins (its shortest row, masked out of the
-# loss), since FSDP's forward and backward are collectives every rank must join (docs/micro-batches.md).
+# How the update splits rows into micro-batches: a fixed number of rows (--micro-batch-size), or a
+# token budget (--micro-batch-tokens N) that groups rows of similar length so that little of the
+# replay computes on padding. A micro-batch is replayed right-padded to its longest row, so its cost
+# is rows x padded length: under a budget the rows are sorted longest first and cut into runs with
+# rows x longest <= N. The loss still divides by the whole mini-batch's count, so the gradient is
+# the fixed-row one up to the order of float sums. Under torchrun every rank holds the whole
+# mini-batch; rows go to the ranks longest first, each to the rank with the fewest tokens so far,
+# and the rank with fewer micro-batches pads with stand-ins (its shortest row, masked out of the
+# loss), since FSDP's forward and backward are collectives every rank must join
+# (docs/micro-batches.md).
 
 
 def replay_tokens(rollout) -> list[int]:
-    """Per row, the positions its replay forward computes: prompt + response - 1 (the input after the last
-    response token is never needed)."""
+    """Per row, the positions its replay forward computes: prompt + response - 1 (the input after
+    the last response token is never needed)."""
     return [len(prompt) + int(length) - 1 for prompt, length in zip(rollout.prompts, rollout.lengths.tolist())]
 
 
 def budget_batches(rows: list[int], tokens: list[int], budget: int) -> list[list[int]]:
-    """`rows` sorted longest first (ties: lower index first) and cut into runs whose count x longest row's
-    tokens stays within `budget` (a row longer than the budget is a run of its own): as few runs as
-    possible, and of those cuts the one with the fewest padded positions (sum of count x longest).
+    """`rows` sorted longest first (ties: lower index first) and cut into runs whose count x longest
+    row's tokens stays within `budget` (a row longer than the budget is a run of its own): as few
+    runs as possible, and of those cuts the one with the fewest padded positions (sum of count x
+    longest).
 
     Filling each run greedily gives the fewest runs, but may put a row of 300 tokens with rows of 30; a
     dynamic program over the cut points then finds, for that number of runs, the cut that pads least.
@@ -363,8 +369,8 @@ def budget_batches(rows: list[int], tokens: list[int], budget: int) -> list[list
 
 
 def balanced_shares(tokens: list[int], size: int) -> list[list[int]]:
-    """Rows 0..n-1 given to `size` ranks, longest first, each to the rank with the fewest tokens so far (ties:
-    the lower rank): every rank's token count within one row of the others'.
+    """Rows 0..n-1 given to `size` ranks, longest first, each to the rank with the fewest tokens so
+    far (ties: the lower rank): every rank's token count within one row of the others'.
 
     >>> balanced_shares([8, 1, 5, 4, 2], 2)    # 8 -> 0; 5 -> 1; 4 -> 1 (9); 2 -> 0 (10); 1 -> 1 (10)
     [[0, 4], [2, 3, 1]]"""
@@ -399,7 +405,8 @@ def micro_batches(rollout, cfg, world: World = World()) -> list[tuple[list[int],
 
 @dataclass
 class Episodes:
-    """A rollout and what the update needs beside it, row-aligned (N rows, T = the longest response)."""
+    """A rollout and what the update needs beside it, row-aligned (N rows, T = the longest
+    response)."""
 
     rollout: Rollout  # prompts, lengths and the record: response_ids, the fed (cand_ids, cand_weights), ...
     advantages: torch.Tensor  # [N]

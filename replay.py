@@ -2,20 +2,21 @@
 
     logp_t = log_softmax(h_t W^T / tau)[y_t],   H_t = entropy(softmax(h_t W^T / tau)),   h = model(fed inputs)
 
-(Multiplex Thinking and SofT-GRPO also score each candidate c_{t,k} a step recorded: log_softmax(h_t W^T /
-tau)[c_{t,k}].)
+(Multiplex Thinking and SofT-GRPO also score each candidate c_{t,k} a step recorded: log_softmax(h_t
+W^T / tau)[c_{t,k}].)
 
-Every response position is fed what the sampler fed: the strategy's `feed` rebuilds it from the step's record
-(strategies.Strategy; by default the recorded mixture sum_k w_k E[id_k], strategies.mixed_embeddings, the one
-formula both sides use). So the policy, the old policy and the reference are scored on the inputs the sampler
-actually fed (the paper's released code replays the recorded mixtures the same way), and gradients reach E through
-the mixtures. Sequences are laid out [prompt | response] and right-padded, so plain causal attention is exact for
-every real token.
+Every response position is fed what the sampler fed: the strategy's `feed` rebuilds it from the
+step's record (strategies.Strategy; by default the recorded mixture sum_k w_k E[id_k],
+strategies.mixed_embeddings, the one formula both sides use). So the policy, the old policy and the
+reference are scored on the inputs the sampler actually fed (the paper's released code replays the
+recorded mixtures the same way), and gradients reach E through the mixtures. Sequences are laid out
+[prompt | response] and right-padded, so plain causal attention is exact for every real token.
 
     logp, entropy = sequence_logprobs(model, rollout, temperature=1.0)   # [B, T] each, both differentiable
 
-The log-probs and entropies come from hidden states a chunk of positions at a time (engine/logprobs.py): the
-[B, T, V] logits of a long response never exist at once, in the forward or the backward.
+The log-probs and entropies come from hidden states a chunk of positions at a time
+(engine/logprobs.py): the [B, T, V] logits of a long response never exist at once, in the forward or
+the backward.
 """
 
 import torch

@@ -1,4 +1,5 @@
-"""The reward: find a response's final answer and decide, in bounded time, whether it equals the reference.
+"""The reward: find a response's final answer and decide, in bounded time, whether it equals the
+reference.
 
 Every gradient of a run is decided here. A false negative teaches the model that a right answer was
 wrong, a false positive rewards nonsense, and one hang stalls the run. So:

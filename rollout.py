@@ -1,4 +1,5 @@
-"""The sampler: how each decode step samples the action, records the step, explores and feeds the next input.
+"""The sampler: how each decode step samples the action, records the step, explores and feeds the
+next input.
 
 One decode step, for every live row at once (the paper's steps 1-5, docs/algorithm.md):
 
@@ -8,14 +9,16 @@ One decode step, for every live row at once (the paper's steps 1-5, docs/algorit
     w   = softmax(p(C) / tau)  or  p(C) / sum p(C)
     e   = sum_c w_c E[c] if m else E[y]           (`gaussian`: + N(0, (sigma * rms)^2) at mixed steps)
 
-and e is the next input (`--mix-feed replay-only`: E[y], the mixture only recorded). `Sampler.__call__` is that
-step; each strategy (steps 2-5) is one function of strategies.py, registered in its STRATEGIES. Every step records
-what strategies.RECORD lists (y, log p(y), and (C, w), or ([y], [1]) when not mixed) and what the strategy adds, so
-that training replays exactly the inputs the sampler fed (replay.py).
+and e is the next input (`--mix-feed replay-only`: E[y], the mixture only recorded).
+`Sampler.__call__` is that step; each strategy (steps 2-5) is one function of strategies.py,
+registered in its STRATEGIES. Every step records what strategies.RECORD lists (y, log p(y), and (C,
+w), or ([y], [1]) when not mixed) and what the strategy adds, so that training replays exactly the
+inputs the sampler fed (replay.py).
 
-Every random draw is a hash of (seed, row key, position) (engine.draws.RowDraws), so a row's response does not depend
-on its slot, its batch-mates or the refill order. The decode loop that runs the step (a static KV cache, slots
-refilled as rows end, CUDA graphs) is the engine's (engine/decoder.py): it runs whatever step rule it is handed.
+Every random draw is a hash of (seed, row key, position) (engine.draws.RowDraws), so a row's
+response does not depend on its slot, its batch-mates or the refill order. The decode loop that runs
+the step (a static KV cache, slots refilled as rows end, CUDA graphs) is the engine's
+(engine/decoder.py): it runs whatever step rule it is handed.
 
     rollout = generate(model, prompts, Sampling(max_new_tokens=512, stop_ids=(eos,)),
                        Exploration("neighbor", mix_rate=0.1, stop_mixing_id=think_end),
@@ -55,8 +58,9 @@ class Sampling:
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()  # a row finishes when it samples one of these (end-of-sentence, ...)
     pad_id: int = 0  # fills prompts on the left and responses after they finish
-    # Once a row has sampled the exploration's stop_mixing_id (</think>), these replace top_k / top_p / min_p, as
-    # Soft Thinking's sampler switches its after_thinking_* filters (None = unchanged).
+    # Once a row has sampled the exploration's stop_mixing_id (</think>), these replace top_k /
+    # top_p / min_p, as Soft Thinking's sampler switches its after_thinking_* filters (None =
+    # unchanged).
     after_thinking_top_k: int | None = None
     after_thinking_top_p: float | None = None
     after_thinking_min_p: float | None = None
@@ -73,13 +77,13 @@ class Sampling:
 class Rollout:
     """What a batch of generations returns, row-aligned with the prompts. T = longest response.
 
-    lengths [B] (stop token included), finished [B] (ended by a stop id; False = truncated at max_new_tokens), and
-    `steps`, the record of every decode step: strategies.RECORD's fields and the strategy's own, [B, T] or
-    [B, T, K], each also an attribute (rollout.response_ids). RECORD: response_ids (pad_id after the end),
-    logprobs (the sampling log-prob of each sampled token at the sampling temperature, after filtering),
-    cand_ids / cand_weights (the fed input was sum_k w_k E[id_k]; an unmixed step holds [y, y, ...] and
-    [1, 0, ...]) and mixed (the step fed a mixture). `strategy` names what recorded them (its `feed` rebuilds
-    the inputs in the replay)."""
+    lengths [B] (stop token included), finished [B] (ended by a stop id; False = truncated at
+    max_new_tokens), and `steps`, the record of every decode step: strategies.RECORD's fields and
+    the strategy's own, [B, T] or [B, T, K], each also an attribute (rollout.response_ids). RECORD:
+    response_ids (pad_id after the end), logprobs (the sampling log-prob of each sampled token at
+    the sampling temperature, after filtering), cand_ids / cand_weights (the fed input was sum_k w_k
+    E[id_k]; an unmixed step holds [y, y, ...] and [1, 0, ...]) and mixed (the step fed a mixture).
+    `strategy` names what recorded them (its `feed` rebuilds the inputs in the replay)."""
 
     prompts: list[list[int]]
     lengths: torch.Tensor
@@ -172,8 +176,9 @@ def filtered_logits(logits: torch.Tensor, temperature: float, top_k: int = 0,
 def mixing_candidates(logits: torch.Tensor, table: torch.Tensor, *, num_neighbors: int, temperature: float,
                       top_p: float = 1.0, top_k: int = 0,
                       weights: str = "code") -> tuple[torch.Tensor, torch.Tensor]:
-    """The N-GRPO candidates of one decode step from raw logits [B, V]: (cand_ids [B, K], cand_weights
-    [B, K]), K = 1 + num_neighbors, anchor (the greedy token) first, weights summing to 1."""
+    """The N-GRPO candidates of one decode step from raw logits [B, V]: (cand_ids [B, K],
+    cand_weights [B, K]), K = 1 + num_neighbors, anchor (the greedy token) first, weights summing to
+    1."""
     probs = filtered_logits(logits, temperature, top_k, top_p).softmax(-1)
     return neighbor_candidates(probs, candidate_table(table, num_neighbors), temperature=temperature,
                                weights=weights)
@@ -215,9 +220,10 @@ MIXING_ON = Field("mixing_on", torch.bool, pad=True)  # per row: has not yet sam
 
 
 class Sampler:
-    """The per-step rule of one (sampling, exploration): sample each live slot's token, record the step, explore,
-    feed. Pure tensor work on fixed buffers, so that a CUDA graph captures it with the model's step; the engine
-    (engine/decoder.py) calls it and writes the record it returns into the fields it declares."""
+    """The per-step rule of one (sampling, exploration): sample each live slot's token, record the
+    step, explore, feed. Pure tensor work on fixed buffers, so that a CUDA graph captures it with
+    the model's step; the engine (engine/decoder.py) calls it and writes the record it returns into
+    the fields it declares."""
 
     def __init__(self, sampling: Sampling, exploration: Exploration, embed: torch.Tensor):
         self.sampling, self.exploration, self.embed = sampling, exploration, embed  # embed: E, [V, d]
@@ -331,8 +337,8 @@ def _check_arguments(model, prompts, sampling: Sampling, exploration: Exploratio
 
 
 def sampling_from_config(cfg, tokenizer) -> Sampling:
-    """The Sampling a Config's flags describe (train.py's rollouts and eval.py's samples; -1 after thinking: the
-    thinking value)."""
+    """The Sampling a Config's flags describe (train.py's rollouts and eval.py's samples; -1 after
+    thinking: the thinking value)."""
     after = {name: None if getattr(cfg, name) == -1 else getattr(cfg, name)
              for name in ("after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p")}
     return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
@@ -341,9 +347,9 @@ def sampling_from_config(cfg, tokenizer) -> Sampling:
 
 
 def exploration_from_config(cfg, tokenizer) -> Exploration:
-    """The Exploration a Config's flags describe (train.py and eval.py alike): the knobs its strategy reads, under
-    their names, and `stop_mixing_token` looked up in the tokenizer: a token it does not have is an error, not a
-    silent never-stop."""
+    """The Exploration a Config's flags describe (train.py and eval.py alike): the knobs its
+    strategy reads, under their names, and `stop_mixing_token` looked up in the tokenizer: a token
+    it does not have is an error, not a silent never-stop."""
     stop_mixing_id, strategy = None, STRATEGIES[cfg.explore]
     if cfg.stop_mixing_token and strategy.mixes:
         stop_mixing_id = tokenizer.convert_tokens_to_ids(cfg.stop_mixing_token)

@@ -1,14 +1,16 @@
-"""N-GRPO training: the command line and the step loop. The algorithm lives in ngrpo.py, the sampler in
-rollout.py, the reward in reward.py; this file builds a run, moves data between them and keeps its outputs.
+"""N-GRPO training: the command line and the step loop. The algorithm lives in ngrpo.py, the sampler
+in rollout.py, the reward in reward.py; this file builds a run, moves data between them and keeps
+its outputs.
 
     python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B      # the paper's recipe (paper-1.5b)
     python train.py --preset demo                                          # offline, CPU, 63-84 s (2 threads)
 
-One step (`run_steps`; what runs by default: ngrpo.py's docstring): collect_groups (draw prompts -> G rollouts
-each -> rewards, refilled and filtered as --filter-groups says) -> train_on (ngrpo.update: group advantages ->
-replayed old / reference log-probs -> clipped mini-batch steps) -> step_metrics, then after_step (evaluations,
-the log, checkpoints, stops). Outputs in --out-dir: config.json, metrics.jsonl, completions.jsonl,
-checkpoints/step-N/ (Hugging Face layout + trainer_state.pt), summary.json.
+One step (`run_steps`; what runs by default: ngrpo.py's docstring): collect_groups (draw prompts ->
+G rollouts each -> rewards, refilled and filtered as --filter-groups says) -> train_on
+(ngrpo.update: group advantages -> replayed old / reference log-probs -> clipped mini-batch steps)
+-> step_metrics, then after_step (evaluations, the log, checkpoints, stops). Outputs in --out-dir:
+config.json, metrics.jsonl, completions.jsonl, checkpoints/step-N/ (Hugging Face layout +
+trainer_state.pt), summary.json.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from estimators import EntropyControl
 from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
 from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
-from reward import RewardPool
+from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate, sampling_from_config
 from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
@@ -100,8 +102,9 @@ class Run:
 
 @dataclass
 class Groups:
-    """One step's rollouts and rewards: every drawn row, and the rows the update trains on (the groups that
-    survive --filter-groups; all of them without it). G consecutive rows are one prompt's group."""
+    """One step's rollouts and rewards: every drawn row, and the rows the update trains on (the
+    groups that survive --filter-groups; all of them without it). G consecutive rows are one
+    prompt's group."""
 
     rows: list[dict]  # the problem of each drawn row
     texts: list[str]  # the decoded responses
@@ -123,8 +126,8 @@ class Groups:
 
 
 def run(cfg: Config) -> dict:
-    """The whole run; returns the summary also written to OUT/summary.json. Under torchrun every rank runs
-    this; rank 0 alone writes the outputs and prints."""
+    """The whole run; returns the summary also written to OUT/summary.json. Under torchrun every
+    rank runs this; rank 0 alone writes the outputs and prints."""
     try:
         cfg.check_trainable()
         world = distributed.init_world(cfg.device, cfg.dist_timeout_s)
@@ -147,9 +150,9 @@ def run(cfg: Config) -> dict:
 
 
 def run_steps(cfg: Config, world: distributed.World) -> dict:
-    """`run` in an initialised world: a run begun (or resumed), its steps, the summary. Each step is the
-    algorithm, rollouts -> rewards -> update -> metrics; everything else a step does (evaluations, the log,
-    checkpoints, stopping on a signal or on failures) is `after_step`'s."""
+    """`run` in an initialised world: a run begun (or resumed), its steps, the summary. Each step is
+    the algorithm, rollouts -> rewards -> update -> metrics; everything else a step does
+    (evaluations, the log, checkpoints, stopping on a signal or on failures) is `after_step`'s."""
     r, start_step, max_steps = begin(cfg, world)
     with guard.StopOnSignals() as interrupt:
         for step in tqdm(range(start_step, max_steps), initial=start_step, total=max_steps, desc="train",
@@ -170,8 +173,8 @@ def run_steps(cfg: Config, world: distributed.World) -> dict:
 
 
 def begin(cfg: Config, world: distributed.World) -> tuple[Run, int, int]:
-    """(the run, its first step, its last): --out-dir claimed, the run built and resumed or started fresh, and
-    on a fresh start the evaluations before RL."""
+    """(the run, its first step, its last): --out-dir claimed, the run built and resumed or started
+    fresh, and on a fresh start the evaluations before RL."""
     out_dir, resume_from = checkpoint.claim_out_dir(cfg) if world.is_main else (Path(cfg.out_dir), None)
     resume_from = distributed.broadcast_object(resume_from, world)  # rank 0's choice, after it has checked
     say(world, f"out dir: {out_dir}" + (f" ({world.size} processes)" if world.distributed else ""))
@@ -299,11 +302,11 @@ def streamed_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
 
 
 def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
-    """One prompt batch's rollouts under torchrun: its calls of --rollout-batch-size rows (0: one call per
-    rank) are dealt to the ranks; row i draws from (seed, step, draw, i) as in one process, so it comes out
-    the same whichever rank, and however many, decode it. Each rank scores its own rows; every rank gets back
-    the whole batch in row order. Returns (rollout, texts, answers, scores, rollout seconds, this rank's scoring
-    seconds)."""
+    """One prompt batch's rollouts under torchrun: its calls of --rollout-batch-size rows (0: one
+    call per rank) are dealt to the ranks; row i draws from (seed, step, draw, i) as in one process,
+    so it comes out the same whichever rank, and however many, decode it. Each rank scores its own
+    rows; every rank gets back the whole batch in row order. Returns (rollout, texts, answers,
+    scores, rollout seconds, this rank's scoring seconds)."""
     cfg, world = r.cfg, r.world
     start = time.perf_counter()
     per_call = min(cfg.rollout_batch_size or len(batch_rows), -(-len(batch_rows) // world.size))  # every rank busy
@@ -318,7 +321,8 @@ def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
         score_start = time.perf_counter()
         call_answers, call_scores = scored(r, call_texts, call_rows)
         score_s += time.perf_counter() - score_start
-        # on the CPU to cross ranks: a pickled CUDA tensor would land on the receiving rank's GPU of the same number
+        # on the CPU to cross ranks: a pickled CUDA tensor would land on the receiving rank's GPU of
+        # the same number
         done.append((rollout.to("cpu"), call_texts, call_answers, call_scores))
     calls = distributed.gather_dealt(done, len(starts), world)
     rollout = Rollout.concat([c[0] for c in calls]).to(r.device)
@@ -327,9 +331,13 @@ def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
 
 
 def scored(r: Run, texts: list[str], rows: list[dict]) -> tuple[list[str | None], torch.Tensor]:
-    """(each response's answer as the reward read it, its reward [n]) of one call's decoded responses."""
+    """(each response's answer as the reward read it, its reward [n]) of one call's decoded
+    responses. A scorer that keeps no answers (a stand-in for the pool's score) leaves them to be
+    read here."""
+    r.pool.answers = []
     scores = torch.tensor(r.pool.score([(text, row["answer"]) for text, row in zip(texts, rows)]))
-    return list(r.pool.answers), scores
+    answers = r.pool.answers if len(r.pool.answers) == len(texts) else [extract_answer(t) for t in texts]
+    return list(answers), scores
 
 
 def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, update_s: float) -> dict:
@@ -417,8 +425,9 @@ def log_step(r: Run, metrics: dict, groups: Groups) -> None:
 
 
 def validate(r: Run, step: int) -> dict:
-    """eval.py's protocol (evaluation.evaluate) on --val-data with the current sampler, no mixing: returns
-    {"val/<benchmark>/mean@n" or "pass@k": value}; samples.jsonl and results.json go to OUT/val/step-N/."""
+    """eval.py's protocol (evaluation.evaluate) on --val-data with the current sampler, no mixing:
+    returns {"val/<benchmark>/mean@n" or "pass@k": value}; samples.jsonl and results.json go to
+    OUT/val/step-N/."""
     cfg = r.cfg
     sampling = replace(r.sampling, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=0)
     items = sum(len(problems) for _, problems, _ in r.val_sets) * cfg.val_n
@@ -439,8 +448,9 @@ def validate(r: Run, step: int) -> dict:
 
 
 def keep_if_best(r: Run, step: int, metrics: dict) -> None:
-    """--keep-best METRIC: when this step's validation beats every earlier one, its weights (Hugging Face
-    layout) replace OUT/best, with best.json saying which step and value; written aside and renamed."""
+    """--keep-best METRIC: when this step's validation beats every earlier one, its weights (Hugging
+    Face layout) replace OUT/best, with best.json saying which step and value; written aside and
+    renamed."""
     name = r.cfg.keep_best
     if not name:
         return
@@ -467,8 +477,8 @@ def keep_if_best(r: Run, step: int, metrics: dict) -> None:
 
 
 def finish(r: Run) -> dict:
-    """The held-out accuracy after training, summary.json, and the final summary line (rank 0 writes and
-    prints; every rank returns rank 0's summary)."""
+    """The held-out accuracy after training, summary.json, and the final summary line (rank 0 writes
+    and prints; every rank returns rank 0's summary)."""
     if r.held_out:
         r.summary["accuracy_after"] = r.held_out_accuracy()
     r.pool.close()
@@ -541,9 +551,9 @@ def load_training_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], 
 
 def check_memory(cfg: Config, device: torch.device, world: distributed.World) -> None:
     """Refuses, before anything is loaded, a flag the model's vocabulary rules out (--num-neighbors,
-    --soft-top-k), then a run whose memory plan (runtime/plan.py: what `--plan` prints) does not fit the device: each
-    GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot be read is left to
-    load_policy, which says why."""
+    --soft-top-k), then a run whose memory plan (runtime/plan.py: what `--plan` prints) does not fit
+    the device: each GPU's memory, or the machine's RAM on the CPU. A model whose config.json cannot
+    be read is left to load_policy, which says why."""
     try:  # a hub id is resolved as load_model resolves it (its files come to disk; nothing is loaded yet)
         mc = plan.model_config(cfg.model if cfg.model in MODEL_PRESETS else str(resolve_checkpoint(cfg.model)))
     except HubUnreachable as error:  # said at once: load_policy would only ask the hub again
@@ -566,8 +576,9 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
 
 
 def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
-    """Models, data, sampler settings, optimizer and reward pool of a run, and config.json written. Under
-    torchrun the policy is sharded (FSDP2) and AdamW holds the state of this rank's shards only."""
+    """Models, data, sampler settings, optimizer and reward pool of a run, and config.json written.
+    Under torchrun the policy is sharded (FSDP2) and AdamW holds the state of this rank's shards
+    only."""
     try:
         device = world.device if world.distributed else resolve_device(cfg.device)
     except ValueError as error:
@@ -616,14 +627,16 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
 
 
 def start_fresh(r: Run) -> int:
-    """A new run: the warm start (if any), then the reference model, the sampler and the neighbor table."""
+    """A new run: the warm start (if any), then the reference model, the sampler and the neighbor
+    table."""
     if r.cfg.model == "tiny" and r.cfg.sft_steps == 0:  # else the zeros below look like a broken run
         say(r.world, "note: --model tiny is a random model and --sft-steps 0 teaches it nothing first: it cannot "
                      "answer, so its rewards stay at 0 (or near it), and with them every group's advantages and the "
                      "gradient (gn 0.00). Such a run checks the code paths; --preset demo warm-starts it so that RL "
                      "can learn.")
     if r.cfg.sft_steps > 0:
-        # The dev checks decode with the policy itself, or under torchrun with an unsharded copy of it.
+        # The dev checks decode with the policy itself, or under torchrun with an unsharded copy of
+        # it.
         dev_model = (lambda: r.policy) if not r.world.distributed else \
             (lambda: distributed.unsharded_copy(r.policy, dtype=torch.float32, device=r.device))
         r.summary.update(warm_start(r.trainer, r.problems, r.tokenizer, r.cfg, r.device, r.pool,
@@ -638,10 +651,10 @@ def start_fresh(r: Run) -> int:
 def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
     """The reference model (when KL is on), the sampler copy and the neighbor table.
 
-    Under torchrun the reference is sharded like the policy (bf16 shards on GPU): at 7B that is 1.9 GB per
-    GPU instead of a 15 GB bf16 copy (docs/distributed.md). The sampler is an unsharded copy on every
-    rank, since each rank decodes its own rows. With --lora-rank the reference is the policy with its adapters off
-    and the sampler a merged copy (runtime/lora.py)."""
+    Under torchrun the reference is sharded like the policy (bf16 shards on GPU): at 7B that is 1.9
+    GB per GPU instead of a 15 GB bf16 copy (docs/distributed.md). The sampler is an unsharded copy
+    on every rank, since each rank decodes its own rows. With --lora-rank the reference is the
+    policy with its adapters off and the sampler a merged copy (runtime/lora.py)."""
     cfg = r.cfg
     if cfg.kl_coef > 0 and lora.has_adapters(r.policy):
         r.reference = lora.WithoutAdapters(r.trainer)  # the frozen base itself: no second copy
@@ -663,7 +676,8 @@ def prepare_sampling(r: Run, saved_table: torch.Tensor | None) -> None:
 
 
 def use_adapters(r: Run, saved: Path | None = None) -> None:
-    """--lora-rank: adapters on the frozen policy (lora.adapt_policy; a resume's from `saved`), AdamW over them."""
+    """--lora-rank: adapters on the frozen policy (lora.adapt_policy; a resume's from `saved`),
+    AdamW over them."""
     r.policy = lora.adapt_policy(r.policy, r.cfg, r.world, saved=saved,
                                  warm_start=r.out_dir / "warm_start" if r.cfg.sft_steps else None)
     if r.world.distributed:  # an adapted copy of the sharded policy: sharded in its turn
@@ -672,8 +686,8 @@ def use_adapters(r: Run, saved: Path | None = None) -> None:
 
 
 def shared_table(r: Run) -> torch.Tensor:
-    """The neighbor table of the sampler's weights, built on rank 0 (which owns its on-disk cache) and
-    broadcast: every rank mixes with the same table."""
+    """The neighbor table of the sampler's weights, built on rank 0 (which owns its on-disk cache)
+    and broadcast: every rank mixes with the same table."""
     table = table_for(r.sampler, r.cfg, cache_dir=r.out_dir / "neighbors") if r.world.is_main else None
     if not r.world.distributed:
         return table
@@ -684,8 +698,9 @@ def shared_table(r: Run) -> torch.Tensor:
 
 
 def restore_checkpoint(r: Run, latest: Path) -> int:
-    """Continues from the checkpoint `latest` (claim_out_dir has checked that it is intact and its settings):
-    weights (by parameter name), optimizer, data cursor, RNG states and neighbor table. Returns its step."""
+    """Continues from the checkpoint `latest` (claim_out_dir has checked that it is intact and its
+    settings): weights (by parameter name), optimizer, data cursor, RNG states and neighbor table.
+    Returns its step."""
     state = torch.load(latest / "trainer_state.pt", map_location=r.device, weights_only=False)
     main = r.world.is_main  # rank 0 reads the weights and AdamW state; the others get their shards from it
     if r.cfg.lora_rank:  # the checkpoint holds the adapters alone, on the base the run began from

@@ -124,14 +124,6 @@ def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: i
     return metrics
 
 
-def mixture_cosine(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
-                   response_ids: torch.Tensor, mixed: torch.Tensor, *, chunk: int = 4096) -> float | None:
-    """Mean cosine similarity between the fed mixture sum_k w_k E[c_k] and E[y] over the mixed steps (the
-    paper's Appendix E reports 0.9985); None when no step was mixed. See mixture_closeness."""
-    closeness = mixture_closeness(embed_weight, cand_ids, cand_weights, response_ids, mixed, chunk=chunk)
-    return None if closeness is None else closeness[1]
-
-
 def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_weights: torch.Tensor,
                       response_ids: torch.Tensor, mixed: torch.Tensor, *,
                       chunk: int = 4096) -> tuple[float, float] | None:

@@ -98,10 +98,10 @@ def test_mixture_cosine_equals_a_hand_loop():
                 own = [float(x) for x in embed[response_ids[n, t]]]
                 dot = sum(x * y for x, y in zip(fed, own))
                 cosines.append(dot / math.sqrt(sum(x * x for x in fed) * sum(y * y for y in own)))
-    got = D.mixture_cosine(embed, cand_ids, cand_weights, response_ids, mixed, chunk=2)  # chunks of 2 of 3
+    got = D.mixture_closeness(embed, cand_ids, cand_weights, response_ids, mixed, chunk=2)[1]  # chunks of 2 of 3
     assert got == pytest.approx(sum(cosines) / len(cosines), abs=1e-6)
     none_mixed = torch.zeros(N, T, dtype=torch.bool)
-    assert D.mixture_cosine(embed, cand_ids, cand_weights, response_ids, none_mixed) is None
+    assert D.mixture_closeness(embed, cand_ids, cand_weights, response_ids, none_mixed) is None
 
 
 # ----------------------------------------------------------------------------- bootstrap

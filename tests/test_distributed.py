@@ -352,11 +352,7 @@ import train
 from config import preset
 from reward import RewardPool
 from runtime import distributed
-real_score = RewardPool.score
-def odd_length(self, pairs, kind="math"):  # the answers as the reward reads them; an odd length scores 1
-    real_score(self, pairs, kind)
-    return [float(len(text) % 2) for text, _ in pairs]
-RewardPool.score = odd_length
+RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
 collect = train.collect_groups
 def recorded(r, step):
     groups = collect(r, step)

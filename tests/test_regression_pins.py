@@ -37,12 +37,8 @@ from config import preset
 from model import load_model, random_model, TINY_CONFIG
 from reward import RewardPool
 reward, mutation = sys.argv[2], sys.argv[3]
-if reward == "odd-length":  # the answers as the reward reads them (RewardPool.answers); an odd length scores 1
-    real_score = RewardPool.score
-    def odd_length(self, pairs, kind="math"):
-        real_score(self, pairs, kind)
-        return [float(len(text) % 2) for text, _ in pairs]
-    RewardPool.score = odd_length
+if reward == "odd-length":
+    RewardPool.score = lambda self, pairs, kind="math": [float(len(text) % 2) for text, _ in pairs]
 overrides = {}
 if mutation == "adv-eps":
     overrides["adv_eps"] = 1e-4  # the default is 1e-6
