@@ -124,7 +124,9 @@ def bench_train_long_tail(args: argparse.Namespace) -> None:
     weight_diff = max(float((weights[KINDS[0]][n] - weights[kind][n]).abs().max())
                       for kind in KINDS[1:] for n in weights[KINDS[0]])
     first = {kind: runs[kind][0]["metrics"] for kind in KINDS}
-    metric_diff = max(abs(first[KINDS[0]][k] - first[kind][k]) / max(abs(first[KINDS[0]][k]), 1e-6)
+    # Relative differences; a metric under 1e-4 (the KL of a policy that has barely moved: ~1e-7) is compared
+    # against 1e-4, since fp32 sums in another order (packed attention, other micro-batches) move it by ~1e-9.
+    metric_diff = max(abs(first[KINDS[0]][k] - first[kind][k]) / max(abs(first[KINDS[0]][k]), 1e-4)
                       for kind in KINDS[1:] for k in first[KINDS[0]])
     median = {kind: statistics.median(r["seconds"] for r in runs[kind]) for kind in KINDS}
     cpu = {kind: statistics.median(r["cpu_seconds"] for r in runs[kind]) for kind in KINDS}
