@@ -633,20 +633,30 @@ PRESETS: dict[str, dict] = {
     # the loss (l. 16-19), no entropy bonus (l. 20), temperature 1, top-p 0.95, top-k 5 (l. 29-31;
     # the soft top-k is the rollout's top_k, sglang_rollout.py l. 394) and the same top-p / top-k
     # after thinking (l. 33-34), Gumbel-softmax temperature 0.1 (l. 35), noise factor 1 (l. 40),
-    # prompts up to 1,024 and responses up to 8,192 tokens (l. 8-9), one epoch (l. 62).
+    # prompts up to 1,024 and responses up to 8,192 tokens (l. 8-9), one epoch (l. 62). Their actor
+    # feeds the replayed inputs detached (verl workers/actor/dp_actor.py l. 210): the embeddings never
+    # train. Their loss is a token mean per micro-batch of ppo_micro_batch_size_per_gpu rows (l. 15:
+    # 2 for the 1.5B, 1 for the 7B), the micro-batches averaged (dp_actor.py l. 451, 535; verl's
+    # token-mean, dynamic batch size off): token-mean-per-rows of 2 rows, and of 1, a per-sequence mean.
     **{name: dict(model=model, explore="soft-grpo", soft_top_k=5, top_k=5, top_p=0.95, temperature=1.0,
                   after_thinking_top_p=0.95, after_thinking_top_k=5, noise_factor=1.0,
                   gumbel_temperature=0.1, prompts_per_step=64, group_size=8, mini_batch_prompts=32, lr=1e-6,
                   kl_coef=0.001, kl_estimator="low-var", entropy_coef=0.0, max_prompt_tokens=1024,
-                  max_new_tokens=8192, **rows)
-       for name, model, rows in (("soft-grpo-1.5b", _1P5B, _ROWS_1P5B), ("soft-grpo-7b", _7B, _ROWS_7B))},
+                  max_new_tokens=8192, freeze_embeddings=True, **agg, **rows)
+       for name, model, agg, rows in (
+           ("soft-grpo-1.5b", _1P5B, dict(loss_agg="token-mean-per-rows", loss_agg_rows=2), _ROWS_1P5B),
+           ("soft-grpo-7b", _7B, dict(loss_agg="seq-mean-token-mean"), _ROWS_7B))},
     # Multiplex Thinking's 7B recipe (github.com/MaxLEAF3824/Multiplex-Thinking): the README's
     # training command for DeepSeek-R1-Distill-Qwen-7B (README.md l. 83-96: --enable_unweighting
     # True, 300 steps, --train_batch_size 128, --multiplex_width 3, --max_response_length 4096,
     # --val_rollout_n 4 --val_dataset math), the rest as scripts/train.sh sets it: lr 1e-6 (l. 364),
     # one optimizer step per batch (ppo_mini_batch_size = the batch, l. 367), no KL (l. 371-372),
     # temperature 1.0 and top-p 1.0 (l. 195, 191), replacement (l. 239), no entropy bonus (l. 416),
-    # n = 8 (l. 418), prompts up to 1,024 tokens (l. 358).
+    # n = 8 (l. 418), prompts up to 1,024 tokens (l. 358). Their loss weighs each dynamic micro-batch's
+    # token mean by its share of the mini-batch's rows (use_dynamic_bsz, l. 368-369, 32,768 tokens a
+    # GPU: verl dp_actor.py l. 645-646): no mode here forms their token-budget partition, so this one
+    # keeps the token mean over the mini-batch (the two agree where every micro-batch's rows have the
+    # same mean length; elsewhere a token's weight differs by that ratio).
     "multiplex-7b": dict(**_ROWS_7B, model=_7B, explore="multiplex", multiplex_width=3, multiplex_weights="uniform",
                          multiplex_replacement=True, max_steps=300, prompts_per_step=128, mini_batch_prompts=128,
                          group_size=8, max_new_tokens=4096, max_prompt_tokens=1024, lr=1e-6, kl_coef=0.0,

@@ -53,10 +53,10 @@ def explore_multiplex(view: StepView) -> Mixture:
     """Every thinking step draws K = multiplex_width tokens from p (after temperature, top-k, top-p, min-p), the first
     being the step's action y and the others from the row's MULTIPLEX stream, with replacement (or without), and feeds
     sum_k w_k E[i_k], w = 1/K (uniform: its enable_unweighting, the released recipe) or p(i_k) renormalised over the K
-    (probs). Answer steps feed y. Cold Stop may end thinking; an entropy mask leaves thinking steps with H(p) <= the
-    threshold unmixed (enable_entropy_mask); Dirichlet noise, then Gumbel noise (enable_gumbel: softmax((log p + g) /
-    tau), a Gumbel g per token from the row's GUMBEL stream) replace p by p' for all K draws: the action too is then
-    the first of K draws from p' (scored, like every candidate, under the policy's p)."""
+    (probs). Answer steps feed y. Cold Stop may end thinking (ours: theirs is a `pass`); an entropy mask leaves thinking
+    steps with H(p) <= the threshold unmixed (enable_entropy_mask); Dirichlet noise, then Gumbel noise (enable_gumbel:
+    softmax((log p + g) / tau), a Gumbel g per token from the row's GUMBEL stream) replace p by p' for all K draws: the
+    action too is then the first of K draws from p' (scored, like every candidate, under the policy's p)."""
     x = view.exploration
     view = cold_stop(view)
     if x.multiplex_entropy_mask > 0:

@@ -8,8 +8,9 @@ end thinking early:
     C = top-k(p)     w = p(C)^(1/t) / sum p(C)^(1/t)      soft
                      w = softmax((log q(C) + g) / tau_g)   soft-gumbel (q = p renormalised over C, g Gumbel)
 
-With --dirichlet-alpha, p is first replaced by a draw of Dirichlet(alpha p). Cold Stop and the Dirichlet draw are
-theirs and apply to Multiplex Thinking too (strategies/multiplex.py).
+With --dirichlet-alpha, p is first replaced by a draw of Dirichlet(alpha p), as in Multiplex Thinking's sampler too;
+Cold Stop applies to Multiplex Thinking here (strategies/multiplex.py), though its authors' sampler reads the
+threshold and does nothing.
 """
 
 from dataclasses import replace
@@ -31,8 +32,10 @@ GUMBEL_SOFTMAX = dict(
 )
 COLD_STOP = dict(
     early_stopping_entropy_threshold=option(0.0, "Soft Thinking's Cold Stop: force --stop-mixing-token once the "
-                                            "entropy (nats) stays under this for the next flag's steps in a row "
-                                            "(0 = off)", check=AT_LEAST_0),
+                                            "entropy stays under this for the next flag's steps in a row (0 = "
+                                            "off). In nats, Soft Thinking's scale; Randomized Soft Thinking's "
+                                            "scripts compare the entropy over log V: give theirs times log V "
+                                            "(11.93 for R1-Distill's 151,936 rows)", check=AT_LEAST_0),
     early_stopping_length_threshold=option(256, "Cold Stop's steps", check=AT_LEAST_1),
 )
 NOISE = dict(

@@ -20,10 +20,18 @@ from engine.draws import DIRICHLET, GUMBEL, NOISE, gamma_log_draws
 from strategies.base import AT_LEAST_0, Field, Mixture, StepView, Strategy, mix_where, option
 from strategies.soft import GUMBEL_SOFTMAX, soft_candidates, top_k_candidates
 
-KNOBS = dict(
+GUMBEL_NOISE = dict(
     noise_factor=option(1.0, "the scale of the clamped Gumbel noise added to log q in g' (SofT-GRPO's "
                         "rollout.noise_factor, 1 in its scripts; the loss still scores g' - log q as one Gumbel draw, "
                         "as theirs does)", check=AT_LEAST_0),
+)
+VARIANTS = dict(  # the Dirichlet and Gaussian variants' replay
+    replay_softmax_temperature=option(0.0, "> 0: training replays a thinking step's input as sum_k softmax(noise / "
+                                      "t)_k E[c_k] of the recorded noise, as SofT-GRPO's trainer rebuilds every "
+                                      "soft input (their dp_actor.py l. 158-163, t = their "
+                                      "gumbel_softmax_temperature, 1 in the -dir / -gau scripts), not the input "
+                                      "the sampler fed (g / sum g, s / sum s): their numbers. 0 = replay what was "
+                                      "fed", check=AT_LEAST_0),
 )
 
 
@@ -60,7 +68,7 @@ def explore_soft_grpo_dirichlet(view: StepView) -> Mixture:
     cand_ids, q = soft_candidates(view.probs, view.exploration.soft_top_k)  # [B, K] each
     g = gamma_log_draws(view.draws, DIRICHLET, q).exp().float()
     mixture = mix_where(view, cand_ids, g / g.sum(-1, keepdim=True).clamp_min(1e-30), view.eligible)
-    return replace(mixture, extra={"topk_noise": torch.where(view.eligible[:, None], g, 0.0)})
+    return replace(their_replay(view, mixture, g), extra={"topk_noise": torch.where(view.eligible[:, None], g, 0.0)})
 
 
 def explore_soft_grpo_gaussian(view: StepView) -> Mixture:
@@ -69,7 +77,19 @@ def explore_soft_grpo_gaussian(view: StepView) -> Mixture:
     cand_ids, q = soft_candidates(view.probs, view.exploration.soft_top_k)
     noisy = q + 0.05 * view.draws.normal(NOISE, q.shape[-1]).to(q.dtype)
     mixture = mix_where(view, cand_ids, noisy / noisy.sum(-1, keepdim=True), view.eligible)
-    return replace(mixture, extra={"topk_noise": torch.where(view.eligible[:, None], noisy, 0.0)})
+    return replace(their_replay(view, mixture, noisy),
+                   extra={"topk_noise": torch.where(view.eligible[:, None], noisy, 0.0)})
+
+
+def their_replay(view: StepView, mixture: Mixture, noise: torch.Tensor) -> Mixture:
+    """The mixture with, under replay_softmax_temperature t > 0, the weights their trainer replays recorded in place
+    of the fed ones: softmax(noise / t) at a thinking step (the fed input is unchanged; the logged sampler-vs-replay
+    gap then measures the difference)."""
+    t = view.exploration.replay_softmax_temperature
+    if t <= 0:
+        return mixture
+    return replace(mixture, cand_weights=torch.where(view.eligible[:, None], (noise / t).softmax(-1),
+                                                     mixture.cand_weights))
 
 
 def topk_noise_logprob(density: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
@@ -100,17 +120,18 @@ def reparameterised(log_prob):
     return lambda logp, steps: (log_prob(logp[..., 1:], logp[..., 0], steps), None)
 
 
+KNOBS = {**GUMBEL_NOISE, **VARIANTS}
 TOPK_NOISE = (Field("topk_noise", torch.float32, pad=0.0, per_candidate=True),)  # the variants' recorded noise
 STRATEGIES = {
     "soft-grpo": Strategy(explore_soft_grpo, "SofT-GRPO's Gumbel-softmax soft tokens, trained by the "
                           "Gumbel-reparameterised log-probability (arXiv 2511.06411)",
-                          candidates=top_k_candidates, knobs=("soft_top_k", *GUMBEL_SOFTMAX, *KNOBS),
+                          candidates=top_k_candidates, knobs=("soft_top_k", *GUMBEL_SOFTMAX, *GUMBEL_NOISE),
                           record=(Field("gumbel_logits", torch.float32, pad=0.0, per_candidate=True),),
                           loss_logp=reparameterised(soft_grpo_logprob)),
     "soft-grpo-dirichlet": Strategy(explore_soft_grpo_dirichlet, "its Dirichlet-noise variant (their -dir script)",
-                                    candidates=top_k_candidates, knobs=("soft_top_k",), record=TOPK_NOISE,
+                                    candidates=top_k_candidates, knobs=("soft_top_k", *VARIANTS), record=TOPK_NOISE,
                                     loss_logp=reparameterised(topk_noise_logprob(gamma_density))),
     "soft-grpo-gaussian": Strategy(explore_soft_grpo_gaussian, "its Gaussian-noise variant (their -gau script)",
-                                   candidates=top_k_candidates, knobs=("soft_top_k",), record=TOPK_NOISE,
+                                   candidates=top_k_candidates, knobs=("soft_top_k", *VARIANTS), record=TOPK_NOISE,
                                    loss_logp=reparameterised(topk_noise_logprob(normal_density))),
 }

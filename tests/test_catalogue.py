@@ -41,8 +41,8 @@ READS = {
     "multiplex": MIXING | COLD_STOP | {"multiplex_width", "multiplex_weights", "multiplex_replacement",
                                        "multiplex_gumbel_tau", "multiplex_entropy_mask"},
     "soft-grpo": MIXING | {"soft_top_k", "gumbel_temperature", "noise_factor"},
-    "soft-grpo-dirichlet": MIXING | {"soft_top_k"},
-    "soft-grpo-gaussian": MIXING | {"soft_top_k"},
+    "soft-grpo-dirichlet": MIXING | {"soft_top_k", "replay_softmax_temperature"},  # their trainer's replay, opt-in
+    "soft-grpo-gaussian": MIXING | {"soft_top_k", "replay_softmax_temperature"},
 }
 KNOBS = sorted(set().union(*READS.values()))
 ESTIMATOR_READS = {"grpo": {"scale_rewards", "adv_eps"},

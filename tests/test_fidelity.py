@@ -43,6 +43,72 @@ def test_paper_presets_equal_the_released_configs(name, released_file, values):
     assert ("7B" in cfg.model) == name.endswith("7b")
 
 
+# The soft-token methods' presets against their authors' scripts (values copied by hand from the files and lines named).
+AUTHORS = [
+    ("soft-grpo-1.5b", "zz1358m/SofT-GRPO-master SofT-GRPO-deepscaler-8k.sh", dict(
+        prompts_per_step=64, max_prompt_tokens=1024, max_new_tokens=8192, lr=1e-6, mini_batch_prompts=32,  # l. 6-14
+        kl_coef=0.001, kl_estimator="low-var", entropy_coef=0.0, top_p=0.95, top_k=5, soft_top_k=5,  # l. 16-31
+        temperature=1.0, after_thinking_top_p=0.95, after_thinking_top_k=5, gumbel_temperature=0.1,  # l. 31-35
+        noise_factor=1.0, group_size=8,  # l. 40, 46
+        loss_agg="token-mean-per-rows", loss_agg_rows=2,  # l. 15 ppo_micro_batch_size_per_gpu=2, a token mean each
+        freeze_embeddings=True)),  # verl workers/actor/dp_actor.py l. 210: inputs_embeds=...detach()
+    ("soft-grpo-7b", "zz1358m/SofT-GRPO-master SofT-GRPO-deepscaler-8k-qwen7.sh", dict(
+        prompts_per_step=64, lr=1e-6, mini_batch_prompts=32, kl_coef=0.001, top_k=5, gumbel_temperature=0.1,
+        loss_agg="seq-mean-token-mean",  # l. 15 ppo_micro_batch_size_per_gpu=1: one row's token mean each
+        freeze_embeddings=True)),
+    ("multiplex-7b", "MaxLEAF3824/Multiplex-Thinking README.md l. 83-96, scripts/train.sh", dict(
+        max_steps=300, prompts_per_step=128, multiplex_width=3, max_new_tokens=4096, val_n=4, val_data="math500",
+        multiplex_weights="uniform", lr=1e-6, mini_batch_prompts=128, kl_coef=0.0, temperature=1.0, top_p=1.0,
+        multiplex_replacement=True, entropy_coef=0.0, group_size=8, max_prompt_tokens=1024)),
+]
+
+
+@pytest.mark.parametrize("name, script, values", AUTHORS, ids=[a[0] for a in AUTHORS])
+def test_the_soft_token_presets_equal_their_authors_scripts(name, script, values):
+    cfg = preset(name)
+    assert {key: getattr(cfg, key) for key in values} == values, script
+
+
+def verl_token_weights(lengths: list[int], micro: int) -> list[float]:
+    """Their loss, written from verl 0.4's dp_actor.py (SofT-GRPO's fork, l. 451, 535) and core_algos.agg_loss
+    (token-mean): the rows split into micro-batches of `micro` in order, each micro-batch's loss the mean over its
+    tokens, divided by the number of micro-batches (gradient_accumulation) and summed. A token's weight: 1 / (its
+    micro-batch's tokens x the number of micro-batches)."""
+    batches = [lengths[i : i + micro] for i in range(0, len(lengths), micro)]
+    return [1.0 / (sum(batch) * len(batches)) for batch in batches for _ in batch]
+
+
+@pytest.mark.parametrize("name, micro", [("soft-grpo-1.5b", 2), ("soft-grpo-7b", 1)])
+def test_each_tokens_weight_under_the_soft_grpo_presets_is_their_trainers(name, micro):
+    """Rows of unequal lengths (40, 36, 5, 2 tokens): d loss / d logp of each token, ratio 1 and A = -1 (so the
+    loss is the aggregated ratio), equals its weight in their loss."""
+    lengths = [40, 36, 5, 2]
+    mask = rollout.length_mask(torch.tensor(lengths), max(lengths))
+    logp = torch.zeros(len(lengths), max(lengths), requires_grad=True)
+    settings = replace(ngrpo.LossSettings.of(preset(name)), kl_coef=0.0)
+    loss, _ = ngrpo.policy_loss(logp, logp.detach(), -torch.ones(len(lengths)), mask, settings=settings)
+    loss.backward()
+    for row, weight in enumerate(verl_token_weights(lengths, micro)):
+        assert torch.allclose(logp.grad[row, : lengths[row]], torch.tensor(weight), rtol=1e-6, atol=0), row
+        assert not logp.grad[row, lengths[row] :].any()
+
+
+def test_the_soft_grpo_presets_leave_the_input_embeddings_as_they_were(tmp_path):
+    """One step of soft-grpo-1.5b on the tiny model: the embeddings frozen (not even AdamW's weight decay moves them),
+    the output matrix trained."""
+    from model import TINY_CONFIG, load_model, random_model
+
+    cfg = replace(preset("soft-grpo-1.5b"), model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=256,
+                  max_new_tokens=8, prompts_per_step=2, mini_batch_prompts=2, group_size=2, rollout_batch_size=0,
+                  micro_batch_size=4, lr=1e-2, max_steps=1, save_every=0, log_completions_every=0, device="cpu",
+                  grad_checkpointing=False, out_dir=str(tmp_path / "run"))
+    train.run(cfg)
+    trained = load_model(str(tmp_path / "run" / "checkpoints" / "step-1"), dtype=torch.float32, device="cpu")
+    start = random_model(TINY_CONFIG, seed=cfg.seed)
+    assert torch.equal(trained.embed_tokens.weight, start.embed_tokens.weight)
+    assert not torch.equal(trained.lm_head.weight, start.lm_head.weight)
+
+
 def test_gspo_defaults_to_its_per_sequence_mean_unless_told():
     assert parse_config(["--loss", "gspo"]).loss_agg == "seq-mean-token-mean"
     assert parse_config(["--loss", "gspo", "--loss-agg", "token-mean"]).loss_agg == "token-mean"

@@ -435,6 +435,26 @@ def test_soft_grpo_variants_feed_their_noisy_top_k_weights_and_record_the_noise(
                                                              abs=1e-4)
 
 
+@pytest.mark.parametrize("variant", ["dirichlet", "gaussian"])
+@pytest.mark.parametrize("t", [1.0, 0.5])
+def test_their_replay_of_the_variants_records_a_softmax_of_the_noise_and_feeds_what_it_fed(variant, t):
+    """--replay-softmax-temperature t (SofT-GRPO's trainer, dp_actor.py l. 158-163): a thinking step records the
+    weights softmax(noise / t), computed here by hand, which the replay feeds; the sampler still fed noise / sum."""
+    x = Exploration(f"soft-grpo-{variant}", soft_top_k=5, replay_softmax_temperature=t)
+    view = step_view(x, [0, 1, 2], tau=0.8, seed=3, keys=[4, 5, 6], positions=[2, 0, 9])
+    mixture = STRATEGIES[x.strategy].explore(view)
+    for row in range(LOGITS.shape[0]):
+        noise, top = mixture.extra["topk_noise"][row].tolist(), mixture.cand_ids[row].tolist()
+        theirs = softmax([v / t for v in noise])
+        assert mixture.cand_weights[row].tolist() == pytest.approx(theirs, abs=1e-6)
+        assert mixture.inputs[row].tolist() == pytest.approx(weighted_sum([v / sum(noise) for v in noise], top),
+                                                             abs=1e-4)
+        replayed = mixture_inputs(view.embed, {"cand_ids": mixture.cand_ids[row], "cand_weights":
+                                               mixture.cand_weights[row]})
+        assert replayed.tolist() == pytest.approx(weighted_sum(theirs, top), abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(theirs, [v / sum(noise) for v in noise])) > 1e-3  # they differ
+
+
 def released_variant_logprob(variant, logits, ids, noise, labels, thinking):
     """verl's logprobs_from_logits_topk_dirichlet / _normal (SofT-GRPO's release) from full logits [N, V]."""
     q = torch.softmax(logits, dim=-1).gather(-1, ids)
