@@ -18,7 +18,7 @@ from pathlib import Path
 
 from data import MATH_INSTRUCTION
 from estimators import ADVANTAGES, KL_ESTIMATORS
-from model import PROJECTIONS
+from model import PROJECTIONS, projection_shapes
 from strategies import KNOBS, STRATEGIES, Knobs
 from strategies.base import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, option, problems
 
@@ -382,12 +382,22 @@ class Config(Knobs):
         resolved = tuple(t if a == -1 else a for t, a in zip(thinking, after))
         return any(t != (1.0, 0, 0.0) for t in (thinking, resolved))
 
-    def check_vocabulary(self, vocab_size: int, model: str) -> None:
-        """The rules that need the model's vocabulary size: a ConfigError naming the flag."""
-        reads, limit = knobs_read(self.explore), f"the vocabulary size of --model {model} ({vocab_size})"
-        found = [(name, message) for name, too_many, message in (
-            ("num_neighbors", self.num_neighbors >= vocab_size, f"must be below {limit}"),
-            ("soft_top_k", self.soft_top_k > vocab_size, f"must be at most {limit}")) if name in reads and too_many]
+    def check_model(self, mc, model: str) -> None:
+        """The rules that need the model's shape (mc: its model.ModelConfig): a count of tokens a knob of the
+        chosen method declares within the vocabulary, and a LoRA rank within the projections it adapts. A
+        ConfigError naming the flag."""
+        reads, limit = knobs_read(self.explore), f"the vocabulary size of --model {model} ({mc.vocab_size})"
+        found = [(f.name, f"must be {f.metadata['vocab']} {limit}") for f in fields(Knobs)
+                 if f.name in reads and f.metadata["vocab"]
+                 and not (getattr(self, f.name) < mc.vocab_size if f.metadata["vocab"] == "below"
+                          else getattr(self, f.name) <= mc.vocab_size)]
+        shapes = {name: shape for name, shape in projection_shapes(mc).items() if name not in unknown_targets(
+            self.lora_targets) and name in {t.strip() for t in self.lora_targets.split(",")}}
+        smallest = min(shapes.items(), key=lambda item: min(item[1]), default=None)
+        if self.lora_rank and smallest and self.lora_rank > min(smallest[1]):
+            found.append(("lora_rank", f"must be at most {min(smallest[1])}, the smaller side of {smallest[0]} "
+                                       f"({smallest[1][0]} -> {smallest[1][1]}) of --model {model}: a higher rank "
+                                       "adds nothing a full update would not"))
         if found:
             raise ConfigError([(name, getattr(self, name), message) for name, message in found])
 

@@ -153,6 +153,8 @@ def load_tokenizer(name_or_path: str):
     if is_hub_id(name_or_path):  # fetched once
         name_or_path = str(hub_snapshot(name_or_path, allow_patterns=["*.json", "*.txt", "*.model", "*.jinja"],
                                         instead="a local directory holding the tokenizer's files"))
+    elif not Path(name_or_path).expanduser().exists():
+        raise FileNotFoundError(no_such_path(name_or_path, "tokenizer directory") + " (nor a hub id: owner/name)")
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
     decoded = round_trip(tokenizer)
     if decoded == ROUND_TRIP_PROBE:

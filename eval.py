@@ -501,13 +501,27 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, config.Config]:
     return args, cfg
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON file's object, or {} where there is none (no file, not JSON, not an object)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def checkpoint_of_run(model: str) -> tuple[str, str | None]:
     """(--model as eval.py loads it, a note or None). A training run's --out-dir (a folder with
     RUN_MARKS and no weights of its own) stands for its best checkpoint (OUT/best, kept by
     --keep-best), else its newest intact one; the note says which."""
     path = Path(model).expanduser()
-    if not path.is_dir() or any(path.glob("*.safetensors")) or not any((path / m).exists() for m in RUN_MARKS):
-        return model, None  # (a run's folder before its first checkpoint: load_model says so)
+    if not path.is_dir() or any(path.glob("*.safetensors")):
+        return model, None
+    if not any((path / m).exists() for m in RUN_MARKS):
+        if "out_dir" in read_json_object(path / "config.json"):  # train.py's config.json, not a model's
+            raise data.DataError(f"--model {model} is a training run's folder with no checkpoint yet; pass a "
+                                 "checkpoint directory, or evaluate the run once it has saved one")
+        return model, None
     best = path / "best" / "best.json"
     if best.is_file():
         record = json.loads(best.read_text())
@@ -566,8 +580,9 @@ def main(argv=None) -> dict:
         world = distributed.init_world(cfg.device, cfg.dist_timeout_s)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    try:
-        with guard.exclusive(Path(cfg.out_dir), "eval.py") if world.is_main else contextlib.nullcontext():
+    try:  # a SIGTERM while loading stops as Ctrl-C does, with its line (its default ends the program silently)
+        with guard.sigterm_interrupts(), \
+                guard.exclusive(Path(cfg.out_dir), "eval.py") if world.is_main else contextlib.nullcontext():
             results = run(args, cfg, world)
         distributed.barrier(world)  # every rank done with its collectives before the group is torn down
         return results
@@ -575,7 +590,9 @@ def main(argv=None) -> dict:
         if world.is_main:  # rank 0 says it once
             print(interrupted(interrupt, Path(cfg.out_dir), list(sys.argv[1:] if argv is None else argv)),
                   file=sys.stderr)
-        raise SystemExit(128 + (interrupt.args[1] if len(interrupt.args) > 1 else signal.SIGINT)) from None
+        number = interrupt.args[1] if len(interrupt.args) > 1 else \
+            signal.SIGTERM if isinstance(interrupt, guard.Terminated) else signal.SIGINT
+        raise SystemExit(128 + number) from None
     except (guard.Refused, data.DataError) as error:  # another evaluation holds --out-dir, the OS refused a
         sys.exit(f"error: {error}")  # write, a damaged samples.jsonl
     except OSError as error:
@@ -626,7 +643,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
             tokenizer = data.load_tokenizer(cfg.tokenizer or cfg.model)
         except Exception as error:  # OSError, ValueError, a corrupt safetensors file, the hub: one line
             raise data.DataError(data.describe_load_error(error, flag)) from None
-        cfg.check_vocabulary(model.cfg.vocab_size, cfg.model)
+        cfg.check_model(model.cfg, cfg.model)
         exploration = exploration_from_config(cfg, tokenizer)
     except (data.DataError, ValueError) as error:
         sys.exit(f"error: {error}")

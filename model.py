@@ -268,6 +268,12 @@ class MLP(nn.Module):
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each of a block's PROJECTIONS."""
+    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return dict(zip(PROJECTIONS, ((h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h))))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()

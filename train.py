@@ -561,7 +561,7 @@ def check_memory(cfg: Config, device: torch.device, world: distributed.World) ->
     except Exception:  # a missing or unreadable model: load_policy reports it
         return
     try:  # a flag the vocabulary rules out is the clearer message than the memory it would take
-        cfg.check_vocabulary(mc.vocab_size, cfg.model)
+        cfg.check_model(mc, cfg.model)
     except ValueError as error:
         raise RunError(str(error)) from None
     kind = "cpu" if device.type == "cpu" else "cuda"
@@ -588,7 +588,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
     check_memory(cfg, device, world)
     policy, tokenizer = load_policy(cfg, device, seed=cfg.seed)
     try:
-        cfg.check_vocabulary(policy.cfg.vocab_size, cfg.model)
+        cfg.check_model(policy.cfg, cfg.model)
     except ValueError as error:
         raise RunError(str(error)) from None
     policy.gradient_checkpointing = cfg.grad_checkpointing

@@ -5,6 +5,7 @@ manifests recorded before), over random files shaped like a checkpoint's (AdamW 
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from runtime import checkpoint
 
 
 def bench_manifest(args: argparse.Namespace) -> None:
+    if args.dir is not None and not Path(args.dir).is_dir():
+        sys.exit(f"error: --dir {args.dir}: no such folder (the random files are written in it)")
     sizes = {"optimizer.pt": 2 / 3, "model.safetensors": 1 / 3}  # AdamW's two moments are twice the weights
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         paths = []

@@ -136,14 +136,16 @@ def parse_config(argv=None, description: str = "N-GRPO training") -> Config:
     plan_args = args.pop("plan"), args.pop("plan_gpus"), args.pop("plan_gpu_gb")
     if config_path and preset_name:
         parser.error("--config and --preset both name a starting point: give one of them")
+    if show and plan_args[0]:
+        parser.error("--print-config and --plan each print and exit: give one of them")
     if plan_args[1] is not None and plan_args[1] < 1:
         parser.error(f"--plan-gpus {plan_args[1]}: must be at least 1")
     if plan_args[2] is not None and not plan_args[2] > 0:  # NaN too
         parser.error(f"--plan-gpu-gb {plan_args[2]}: must be above 0")
     try:
         base = Config.load_json(config_path) if config_path else preset(preset_name or "paper-1.5b")
-        if config_path:  # a run started from saved settings did not start from a preset, whatever they say:
-            base = replace(base, preset="")  # the preset's "replace my own earlier output" does not apply
+        if config_path and not args.get("resume", base.resume):  # a new run from saved settings did not start
+            base = replace(base, preset="")  # from a preset, whatever they say: "replace my own output" is not its
         if args.get("loss") == "gspo" and base.loss != "gspo" and "loss_agg" not in args:
             args["loss_agg"] = "seq-mean-token-mean"  # GSPO's own sequence-level mean (the release's N-GSPO)
         cfg = replace(base, **args)

@@ -162,3 +162,12 @@ class RunError(SystemExit):
 
     def __init__(self, message: str):
         super().__init__(f"error: {message}")
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """The run folder that holds `path` (itself or a folder above it holding checkpoints or metrics.jsonl), or None:
+    what no other run nor command may write into."""
+    for folder in (Path(path).resolve(), *Path(path).resolve().parents):
+        if (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file():
+            return folder
+    return None

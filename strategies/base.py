@@ -26,10 +26,13 @@ import torch.nn.functional as F
 from engine.draws import RowDraws
 
 
-def option(default, help: str, *, check: tuple | None = None, choices: tuple | None = None, aliases: tuple = ()):
+def option(default, help: str, *, check: tuple | None = None, choices: tuple | None = None, aliases: tuple = (),
+           vocab: str = ""):
     """A setting, declared once: its default, the help its `--flag` shows, and what values it takes: `choices`,
-    or `check` = (predicate, what the value must be). aliases: other flags for it (another library's names)."""
-    return field(default=default, metadata={"help": help, "check": check, "choices": choices, "aliases": aliases})
+    or `check` = (predicate, what the value must be); vocab: "below" or "at most" the model's vocabulary size
+    (a count of tokens, checked once the model is known). aliases: other flags for it (another library's names)."""
+    return field(default=default, metadata={"help": help, "check": check, "choices": choices, "aliases": aliases,
+                                            "vocab": vocab})
 
 
 AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")

@@ -18,7 +18,8 @@ from strategies.soft import COLD_STOP, COLD_STOP_STATE, NOISE, cold_stop, dirich
 
 KNOBS = dict(
     multiplex_width=option(3, "K, the tokens drawn from the sampling distribution at each thinking step (Multiplex "
-                           "Thinking's max_topk / MULTIPLEX_WIDTH; 3 in its run_train.sh)", check=AT_LEAST_1),
+                           "Thinking's max_topk / MULTIPLEX_WIDTH; 3 in its run_train.sh)", check=AT_LEAST_1,
+                           vocab="at most"),
     multiplex_weights=option("uniform", "the merge, uniform = the K embeddings' plain average (its "
                              "enable_unweighting=True, run_train.sh); probs = weighted by p(token) renormalised over "
                              "the K", choices=("uniform", "probs")),

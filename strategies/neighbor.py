@@ -14,7 +14,8 @@ import torch
 from strategies.base import AT_LEAST_1, Mixture, StepView, Strategy, mix_steps, mix_where, option
 
 KNOBS = dict(
-    num_neighbors=option(1, "semantic neighbors mixed with the greedy anchor token", check=AT_LEAST_1),
+    num_neighbors=option(1, "semantic neighbors mixed with the greedy anchor token", check=AT_LEAST_1,
+                         vocab="below"),
     mix_weights=option("code", "weights over [anchor, neighbors]: code = softmax(p / temperature) as the released "
                        "code does; renorm = p renormalised over the candidates (the paper's figure)",
                        choices=("code", "renorm")),

@@ -21,7 +21,7 @@ from engine.draws import DIRICHLET, GUMBEL, gamma_log_draws
 from strategies.base import AT_LEAST_0, AT_LEAST_1, POSITIVE, Field, Mixture, StepView, Strategy, mix_where, option
 
 TOP_K = dict(
-    soft_top_k=option(10, "number of top tokens (Soft Thinking's scripts use 10)", check=AT_LEAST_1),
+    soft_top_k=option(10, "number of top tokens (Soft Thinking's scripts use 10)", check=AT_LEAST_1, vocab="at most"),
     mix_temperature=option(0.0, "Soft Thinking's and STHT's mixture weights p^(1/t) renormalised over the top "
                            "tokens (0 = the renormalised probabilities); the released code's strategies: "
                            "softmax(p / (temperature t)) (0 = t of 1)", check=AT_LEAST_0),
