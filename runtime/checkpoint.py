@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config
 from model import save_model
 from runtime import distributed, lora
-from runtime.guard import Refused, RunError, enclosing_run, follow_umask, reason
+from runtime.guard import RUN_OUTPUTS, Refused, RunError, enclosing_run, follow_umask, reason
 
 MANIFEST = "manifest.json"
 # What a checkpoint written before manifests existed must hold (checked by presence and size only).
@@ -147,10 +147,6 @@ def newest_intact(checkpoints: list[Path]) -> tuple[Path | None, list[str]]:
 # What train.py writes in its --out-dir (beside the lock): a new run there that starts over (--overwrite, or a
 # preset replacing its own output) removes all of it, so that nothing of the earlier run is left beside the new
 # one's (its completions, its warm start, a --resume picking up its checkpoints). Anything else stays.
-RUN_OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "metrics.jsonl.partial", "completions.jsonl",
-               "summary.json", "warm_start", "best", "val", "neighbors", "tensorboard", "wandb")
-
-
 def run_outputs(out_dir: Path) -> list[str]:
     """The names in RUN_OUTPUTS that out_dir holds, and what keep_if_best leaves when killed: an earlier run's."""
     return [name for name in RUN_OUTPUTS if (Path(out_dir) / name).exists()] + \

@@ -164,10 +164,25 @@ class RunError(SystemExit):
         super().__init__(f"error: {message}")
 
 
+# What a run writes in its --out-dir (all of it removed by --overwrite).
+RUN_OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "metrics.jsonl.partial", "completions.jsonl",
+               "summary.json", "warm_start", "best", "val", "neighbors", "tensorboard", "wandb")
+
+
 def enclosing_run(path: Path) -> Path | None:
     """The run folder that holds `path` (itself or a folder above it holding checkpoints or metrics.jsonl), or None:
-    what no other run nor command may write into."""
+    what no other run may write into."""
     for folder in (Path(path).resolve(), *Path(path).resolve().parents):
         if (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file():
             return folder
     return None
+
+
+def run_owns(path: Path) -> Path | None:
+    """The run folder whose own outputs `path` is or lies in (the run folder itself, its checkpoints, its best
+    weights, ...: RUN_OUTPUTS), or None; a new folder beside them in a run is the run's to hold, not its own."""
+    run = enclosing_run(path)
+    if run is None:
+        return None
+    inside = Path(path).resolve().relative_to(run).parts
+    return run if not inside or inside[0] in RUN_OUTPUTS else None

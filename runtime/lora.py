@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from data import load_tokenizer
 from model import PROJECTIONS, Transformer, load_model, save_model
 from runtime.distributed import ModelCall, World, broadcast_object, full_tensor, unsharded_copy
-from runtime.guard import enclosing_run
+from runtime.guard import run_owns
 
 TARGETS = PROJECTIONS  # what adapters can wrap: attention, then MLP (model.PROJECTIONS)
 PEFT_PREFIX = "base_model.model.model."  # PeftModel -> its LoraModel -> the CausalLM's decoder, named `model`
@@ -325,8 +325,9 @@ def main(argv=None) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         parser.error(f"{out} exists and is not an empty folder (a run, a checkpoint, or another model is written "
                      "only by what made it): pass a new folder for the merged model")
-    if (run := enclosing_run(out.parent)) is not None:
-        parser.error(f"{out} is inside the run {run}: pass a folder outside it for the merged model")
+    if (run := run_owns(out)) is not None:
+        parser.error(f"{out} is the run {run}'s own (its folder, checkpoints or best weights): pass a new folder for "
+                     "the merged model")
     try:
         merged = load_merged(args.checkpoint, base=args.base, seed=args.seed)
     except (OSError, ValueError) as error:
