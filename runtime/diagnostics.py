@@ -150,12 +150,17 @@ def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_w
 
 
 class LearningSignal:
-    """Watches a run's steps for the two ways a step teaches nothing, and says so once per cause, after STEPS steps
-    in a row (one step can be bad luck): almost every group's rewards equal (its advantages are all 0: GRPO has
-    nothing to compare), or almost every response cut at --max-new-tokens (it scores 0 whatever it was going to
-    say). TRL users meet both silently (huggingface/trl#5697, #6263)."""
+    """Watches a run's steps for the ways a step teaches nothing or the run unlearns, and says so once per cause.
 
-    STEPS = 3
+    Nothing to learn, after STEPS steps in a row (one step can be bad luck): almost every group's rewards equal (its
+    advantages are all 0: GRPO has nothing to compare), or almost every response cut at --max-new-tokens (it scores
+    0 whatever it was going to say). TRL users meet both silently (huggingface/trl#5697, #6263). Unlearning: the
+    training accuracy's mean over the last WINDOW steps has stayed DROP below its best such mean for WINDOW steps,
+    or the held-out accuracy fell at two evaluations in a row to DROP / 2 below its best (a run that improves
+    for a while and then loses it: a learning rate too high for the method's estimator, or a method that does not
+    suit the task)."""
+
+    STEPS, WINDOW, DROP = 3, 10, 0.1
     CAUSES = {  # metric -> (the share that counts, what is wrong and what helps)
         "zero_variance_groups": (0.95, "{share:.0%} of the groups had all-equal rewards for {n} steps in a row: their "
                                  "advantages are 0 and the update learns nothing from them (prompts nearer the "
@@ -165,10 +170,16 @@ class LearningSignal:
                            "response scores 0 whatever it would have answered (a larger --max-new-tokens, or "
                            "--mask-truncated to leave them out of the loss)"),
     }
+    UNLEARNING = ("the run is unlearning; a lower --lr, or another --explore (the method may not suit the task: "
+                  "docs/experiments.md)")
 
     def __init__(self):
         self.in_a_row = dict.fromkeys(self.CAUSES, 0)
         self.said: set[str] = set()
+        self.__setstate__({})
+
+    def __setstate__(self, state: dict) -> None:  # a checkpoint from before the unlearning watch has none of it
+        self.__dict__.update({"accuracies": [], "best_window": None, "below_best": 0, "held_out": [], **state})
 
     def observe(self, metrics: dict) -> str | None:
         """The warning this step brings (None most steps)."""
@@ -178,7 +189,40 @@ class LearningSignal:
             if self.in_a_row[key] >= self.STEPS and key not in self.said:
                 self.said.add(key)
                 warnings.append(message.format(share=metrics[key], n=self.STEPS))
+        warnings += [w for w in (self.falling_reward(metrics), self.falling_held_out(metrics)) if w]
         return "; ".join(warnings) or None
+
+    def falling_reward(self, metrics: dict) -> str | None:
+        if "accuracy" not in metrics or "accuracy" in self.said:
+            return None
+        self.accuracies = (self.accuracies + [(metrics["step"], metrics["accuracy"])])[-2 * self.WINDOW:]
+        if len(self.accuracies) < self.WINDOW:
+            return None
+        window = self.accuracies[-self.WINDOW:]
+        mean = sum(value for _, value in window) / self.WINDOW
+        if self.best_window is None or mean > self.best_window[1]:
+            self.best_window = (window[0][0], mean)
+        self.below_best = self.below_best + 1 if mean <= self.best_window[1] - self.DROP else 0
+        if self.below_best < self.WINDOW:
+            return None
+        self.said.add("accuracy")
+        return (f"the training accuracy's mean over {self.WINDOW} steps fell from {self.best_window[1]:.3f} (steps "
+                f"{self.best_window[0]}-{self.best_window[0] + self.WINDOW - 1}) to {mean:.3f} and stayed down for "
+                f"{self.WINDOW} steps: {self.UNLEARNING}")
+
+    def falling_held_out(self, metrics: dict) -> str | None:
+        if "held_out_accuracy" not in metrics or "held_out_accuracy" in self.said:
+            return None
+        self.held_out.append((metrics["step"], metrics["held_out_accuracy"]))
+        if len(self.held_out) < 3:
+            return None
+        (_, a), (_, b), (step, now) = self.held_out[-3:]
+        best_step, best = max(self.held_out, key=lambda point: point[1])
+        if not (now < b < a and now <= best - self.DROP / 2):
+            return None
+        self.said.add("held_out_accuracy")
+        return (f"the held-out accuracy fell at two evaluations in a row, from {best:.3f} (step {best_step}) to "
+                f"{now:.3f} (step {step}): {self.UNLEARNING}")
 
 
 @dataclass

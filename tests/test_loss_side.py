@@ -5,6 +5,7 @@ coefficient, each against values worked out by hand or a brute-force loss from p
 import copy
 import json
 import math
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -84,6 +85,43 @@ def test_a_run_that_learns_says_nothing():
     assert [signal.observe(steady) for _ in range(10)] == [None] * 10
     bad = {"zero_variance_groups": 1.0, "truncated_frac": 0.1}
     assert [signal.observe(m) is None for m in (bad, bad, steady, bad, bad)] == [True] * 5  # never 3 in a row
+
+
+def test_a_training_accuracy_that_falls_and_stays_down_is_said_once():
+    """20 steps at 0.60, then 0.45: the 10-step mean reaches 0.50 (0.10 below its best) at step 27 and the warning
+    comes when it has stayed there 10 steps, at step 36, once."""
+    signal = LearningSignal()
+    said = {step: signal.observe({"step": step, "accuracy": 0.60 if step <= 20 else 0.45}) for step in range(1, 61)}
+    warned = {step: warning for step, warning in said.items() if warning}
+    assert list(warned) == [36]
+    assert "fell from 0.600 (steps 1-10) to 0.450" in warned[36] and "unlearning" in warned[36]
+
+
+def test_a_noisy_training_accuracy_says_nothing():
+    signal = LearningSignal()
+    assert not any(signal.observe({"step": step, "accuracy": 0.55 + 0.1 * (step % 2)}) for step in range(1, 101))
+
+
+@pytest.mark.parametrize("held_out, warned", [
+    ([0.68, 0.60, 0.55], 60),  # two falls in a row, 13 points below the best
+    ([0.68, 0.66, 0.65], None),  # two falls, within 5 points of the best
+    ([0.60, 0.70, 0.65, 0.66], None),  # a fall, then a rise
+    ([0.70, 0.72, 0.69, 0.60], 80),
+])
+def test_a_held_out_accuracy_that_falls_twice_in_a_row_is_said(held_out, warned):
+    signal = LearningSignal()
+    said = [step for step, value in zip(range(20, 20 * len(held_out) + 1, 20), held_out)
+            if signal.observe({"step": step, "held_out_accuracy": value})]
+    assert said == ([] if warned is None else [warned])
+
+
+def test_a_checkpoint_from_before_the_unlearning_watch_resumes_it():
+    old = LearningSignal()
+    for name in ("accuracies", "best_window", "below_best", "held_out"):
+        del old.__dict__[name]  # as pickled before these existed
+    resumed = pickle.loads(pickle.dumps(old))
+    assert resumed.observe({"step": 1, "accuracy": 0.5, "held_out_accuracy": 0.5}) is None
+    assert resumed.accuracies == [(1, 0.5)] and resumed.held_out == [(1, 0.5)]
 
 
 # ----------------------------------------------------------------------------- the top-entropy tokens

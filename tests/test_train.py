@@ -37,6 +37,9 @@ def tiny(tmp_path, **overrides):
 # RL seeds: from the same warm start, 5 steps with the advantages flipped must lose 5 points with either seed's
 # rollouts (they lost 47.5 and 34.5 here; seeds 2 and 3, 43.0 and 34.0; at 10 steps seeds 0 and 1 lost 55 and 59.5).
 LEARN_STEPS, UNLEARN_STEPS, LEARN_MARGIN, UNLEARN_SEEDS = 40, 5, 0.05, (0, 1)
+# SofT-GRPO's Gaussian variant at the demo's learning rate unlearns (docs/experiments.md, "A method that unlearns"):
+# its 10-step mean training accuracy fell from 0.473 to 0.372 and 0.299 here, and the warning came at step 25.
+NOISY_STEPS = 40
 
 # The demo in a process of its own (one thread): its warm start (the random tiny model taught until it reaches the
 # demo's dev-accuracy target), then its RL part from that warm start: as it is, and with the advantages flipped for
@@ -63,11 +66,13 @@ pool.close()
 save_model(model, out + "/warm", tokenizer)
 rl = replace(cfg, model=out + "/warm", tokenizer=out + "/warm", sft_steps=0, eval_every=0, log_completions_every=0)
 learn = train.run(replace(rl, out_dir=out + "/learn", max_steps={learn_steps}))
+noisy = train.run(replace(rl, out_dir=out + "/noisy", explore="soft-grpo-gaussian", max_steps={noisy_steps},
+                          eval_problems=0))
 real = estimators.ADVANTAGES["grpo"]  # the loss points the right way: pushing against the advantage must unlearn
 estimators.ADVANTAGES["grpo"] = replace(real, compute=lambda *args, **kwargs: -real(*args, **kwargs))
 unlearn = {{seed: train.run(replace(rl, out_dir=out + f"/unlearn-{{seed}}", max_steps={unlearn_steps}, seed=seed))
            for seed in {unlearn_seeds}}}
-print(json.dumps({{"warm": warm, "learn": learn, "unlearn": unlearn}}, default=str))
+print(json.dumps({{"warm": warm, "learn": learn, "noisy": noisy, "unlearn": unlearn}}, default=str))
 """
 
 
@@ -76,7 +81,7 @@ def demo_runs(tmp_path_factory) -> dict:
     """The demo's warm start and its RL runs (DEMO_FROM_A_WARM_START)."""
     script = DEMO_FROM_A_WARM_START.format(root=str(ROOT), out=str(tmp_path_factory.mktemp("demo")),
                                            learn_steps=LEARN_STEPS, unlearn_steps=UNLEARN_STEPS,
-                                           unlearn_seeds=UNLEARN_SEEDS)
+                                           noisy_steps=NOISY_STEPS, unlearn_seeds=UNLEARN_SEEDS)
     return run_at_once({"demo": [script]}, timeout=1200)["demo"]
 
 
@@ -88,6 +93,13 @@ def test_training_raises_held_out_accuracy(demo_runs):
     summary = demo_runs["learn"]
     assert summary["accuracy_after"] >= summary["accuracy_before"] + LEARN_MARGIN, summary
     assert "warnings" not in summary  # the learning-nothing warning stays silent in a run that learns
+
+
+def test_a_method_that_unlearns_on_the_demo_is_warned_of(demo_runs):
+    """soft-grpo-gaussian from the demo's warm start at the demo's learning rate: its training accuracy falls and
+    stays down, and the run says so (once)."""
+    warnings = demo_runs["noisy"].get("warnings", [])
+    assert len(warnings) == 1 and "the run is unlearning" in warnings[0], demo_runs["noisy"]
 
 
 @pytest.mark.parametrize("seed", UNLEARN_SEEDS)
