@@ -112,7 +112,7 @@ class Config(Knobs):
                          choices=("ours", "math-verify"))
     reward: str = option("", "your own reward f(response, reference) -> float, as module:function "
                          "or path/to/file.py:function; it runs in the checker's time-bounded "
-                         "workers (empty = the grader)")
+                         "workers, for the warm start's dev checks too (empty = the grader)")
     require_boxed: bool = option(False, "only \\boxed answers count (a format-strict reward); by "
                                  "default a final answer stated without a box counts too")
     rel_tol: float = option(0.0, "our grader's relative tolerance on numbers: |answer - "
@@ -314,7 +314,7 @@ class Config(Knobs):
                           "summary.json", check=NONEMPTY)
     save_every: int = option(50, "write a checkpoint every N steps (0 = only at the end)",
                              check=zero_is("only at the end"))
-    keep_last: int = option(2, "checkpoints kept on disk (older ones are deleted)",
+    keep_last: int = option(2, "checkpoints kept on disk, older ones deleted (0 = keep every one)",
                             check=zero_is("keep all"))
     resume: bool = option(False, "continue exactly from the latest complete checkpoint in "
                           "--out-dir")

@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 from config import REPLACES_ITS_OWN_OUTPUT, RUN_CONTROL_FIELDS, Config
 from model import save_model
 from runtime import distributed, lora
-from runtime.guard import RUN_OUTPUTS, Refused, RunError, enclosing_run, follow_umask, reason
+from runtime.guard import RUN_OUTPUTS, Refused, RunError, follow_umask, reason
 
 MANIFEST = "manifest.json"
 # What a checkpoint written before manifests existed must hold (checked by presence and size only).
@@ -254,9 +254,6 @@ def claim_out_dir(cfg: Config) -> tuple[Path, Path | None]:
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
-    holder = enclosing_run(out_dir.parent)
-    if holder is not None:
-        raise RunError(f"--out-dir {out_dir} is inside the run {holder}; pass an --out-dir of its own")
     checkpoints, earlier = checkpoint_dirs(out_dir), run_outputs(out_dir)
     if earlier and not cfg.resume and not cfg.overwrite and not own_output(cfg, out_dir):
         if checkpoints:

@@ -31,10 +31,16 @@ def exclusive(out_dir: Path, program: str):
     """Holds an exclusive flock on OUT/.lock (which records this pid) while the block runs, creating OUT if
     needed. flock belongs to the open file: the OS drops it when the process ends, kill -9 included, so a
     lock is never stale; the file stays and is reused (an out-dir this call created and nothing else wrote to
-    is removed again)."""
+    is removed again). Nothing is written where OUT lies inside a training run's own outputs (train.py: inside
+    any other run; run_owns)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise Refused(f"--out-dir {out_dir} is a file, not a directory; pass another --out-dir")
+    if program == "train.py" and (run := enclosing_run(out_dir.parent)) is not None:
+        raise Refused(f"--out-dir {out_dir} is inside the run {run}; pass an --out-dir of its own")
+    if program != "train.py" and (run := run_owns(out_dir)) is not None:
+        raise Refused(f"--out-dir {out_dir} is the training run {run}'s own (its folder, checkpoints or best "
+                      "weights); pass a folder of its own (a new one inside the run will do)")
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

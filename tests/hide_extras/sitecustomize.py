@@ -7,8 +7,9 @@ import os
 import sys
 
 # pyproject.toml's extras (tests/test_packaging.py keeps them in this list), then what a code path imports only
-# when asked: a .parquet problem file (pyarrow) and bench.py trl (trl).
-HIDDEN = ("math_verify", "matplotlib", "tensorboard", "wandb", "pyarrow", "trl")
+# when asked: a .parquet problem file (pyarrow) and bench.py trl (trl); and what only a test imports: PEFT, which
+# loads our saved adapters (tests/test_lora.py).
+HIDDEN = ("math_verify", "matplotlib", "tensorboard", "wandb", "pyarrow", "trl", "peft")
 
 if os.environ.get("NGRPO_HIDE_EXTRAS"):
     for module in HIDDEN:
