@@ -62,8 +62,8 @@ NOT_AS_WRITTEN = {  # the command as written -> (what it needs, what runs instea
     "python eval.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24,aime25,amc23,math500":
         ("a GPU and the hub", PARSE),
     "python eval.py --model runs/demo --benchmarks arith:max_count=5 --instruction '' --n 8 --max-new-tokens 64":
-        ("the demo's run; 2 minutes", "python eval.py --model runs/demo --benchmarks arith:max_count=5 "
-                                      "--instruction '' --n 2 --max-new-tokens 16 --limit 4"),
+        ("the demo's run (minutes)", "python eval.py --model runs/demo --benchmarks arith:max_count=5 "
+                                     "--instruction '' --n 2 --max-new-tokens 16 --limit 4"),
     "python bench.py NAME": ("a placeholder", "python bench.py --help"),
     "python train.py --preset paper-7b --lora-rank 64 --lora-alpha 128 --lr 1e-5": ("a GPU and the hub", PARSE),
     "python train.py --preset tiny --grader math-verify":
