@@ -12,6 +12,7 @@ and the source it follows:
     mixinputs.py   mixinputs: Mixture of Inputs
     multiplex.py   multiplex: Multiplex Thinking
     soft_grpo.py   soft-grpo, soft-grpo-dirichlet, soft-grpo-gaussian: SofT-GRPO and its variants
+    thinkrouter.py thinkrouter: ThinkRouter, Soft Thinking gated by confidence
 
 A method is a module with STRATEGIES (name -> Strategy) and KNOBS (name -> option(...)). Each knob becomes a field
 of `Exploration` and of config.Config and a flag of train.py and eval.py, under its one name (`num_neighbors`,
@@ -29,7 +30,7 @@ import sys
 from dataclasses import dataclass, fields, make_dataclass
 from pathlib import Path
 
-from strategies import base, gaussian, mixinputs, multiplex, neighbor, released, soft, soft_grpo
+from strategies import base, gaussian, mixinputs, multiplex, neighbor, released, soft, soft_grpo, thinkrouter
 from strategies.base import RECORD, Field, Mixture, StepView, Strategy, mixed_embeddings, mixture_inputs, problems
 from strategies.multiplex import multiplex_draws
 from strategies.neighbor import candidate_table, neighbor_candidates
@@ -53,7 +54,7 @@ def load_method(spec: str):
     return module
 
 
-METHODS = (base, neighbor, soft, gaussian, released, mixinputs, multiplex, soft_grpo,
+METHODS = (base, neighbor, soft, gaussian, released, mixinputs, multiplex, soft_grpo, thinkrouter,
            *(load_method(s.strip()) for s in os.environ.get("NGRPO_STRATEGIES", "").split(",") if s.strip()))
 
 

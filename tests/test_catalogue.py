@@ -43,6 +43,7 @@ READS = {
     "soft-grpo": MIXING | {"soft_top_k", "gumbel_temperature", "noise_factor"},
     "soft-grpo-dirichlet": MIXING | {"soft_top_k", "replay_softmax_temperature"},  # their trainer's replay, opt-in
     "soft-grpo-gaussian": MIXING | {"soft_top_k", "replay_softmax_temperature"},
+    "thinkrouter": MIXING | TOP_K | COLD_STOP - {"dirichlet_alpha"} | {"router_confidence"},
 }
 KNOBS = sorted(set().union(*READS.values()))
 ESTIMATOR_READS = {"grpo": {"scale_rewards", "adv_eps"},
@@ -112,7 +113,8 @@ def test_eval_accepts_a_knob_exactly_when_the_method_reads_it(method, capsys):
     (["--explore", "none", "--mix-rate", "0.3"], "--mix-rate 0.3: has no effect with --explore none (only with "
      "--explore neighbor, gaussian, topk, topk-gumbel, gaussian_embed_noise or orthogonal_noise)"),
     (["--explore", "soft-grpo", "--mix-temperature", "0.5"], "--mix-temperature 0.5: has no effect with --explore "
-     "soft-grpo (only with --explore soft, gaussian, topk, topk-gumbel, gaussian_embed_noise or orthogonal_noise)"),
+     "soft-grpo (only with --explore soft, gaussian, topk, topk-gumbel, gaussian_embed_noise, orthogonal_noise or "
+     "thinkrouter)"),
     (["--adv-estimator", "rloo", "--scale-rewards", "none"], "--scale-rewards none: has no effect with "
      "--adv-estimator rloo (only with --adv-estimator grpo or negative)"),
 ])

@@ -479,7 +479,8 @@ SOFT = {"soft": dict(min_p=0.05, dirichlet_alpha=1.0, after_thinking_top_k=8, **
         "multiplex": dict(multiplex_width=3, multiplex_weights="probs", dirichlet_alpha=1.0, multiplex_gumbel_tau=1.0,
                           **COLD_STOP),
         "soft-grpo": dict(soft_top_k=5, gumbel_temperature=0.1, noise_factor=0.5),
-        "soft-grpo-dirichlet": dict(soft_top_k=5), "soft-grpo-gaussian": dict(soft_top_k=5)}
+        "soft-grpo-dirichlet": dict(soft_top_k=5), "soft-grpo-gaussian": dict(soft_top_k=5),
+        "thinkrouter": dict(router_confidence=0.3, **COLD_STOP)}
 ADAPTERS = dict(lora_rank=4, lora_alpha=8.0, lr=1e-3)
 
 # name -> (explore, steps of the 2-process run, steps of the one-process reference (0: none), Config overrides):

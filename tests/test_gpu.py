@@ -87,6 +87,7 @@ EVERY_STRATEGY = {
     "soft-grpo": (Exploration("soft-grpo", soft_top_k=5, gumbel_temperature=0.1, noise_factor=0.5), dict(top_k=5)),
     "soft-grpo-dirichlet": (Exploration("soft-grpo-dirichlet", soft_top_k=5), {}),
     "soft-grpo-gaussian": (Exploration("soft-grpo-gaussian", soft_top_k=5), {}),
+    "thinkrouter": (Exploration("thinkrouter", soft_top_k=4, router_confidence=0.3, **COLD_STOP), {}),
 }
 
 

@@ -58,6 +58,28 @@ def step_view(x: Exploration, token: list[int], *, tau: float = 1.0, top_k: int 
                     LOGITS.clone())
 
 
+# ----------------------------------------------------------------------------- ThinkRouter
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 0.75, 1.0])
+def test_thinkrouter_feeds_the_top_k_mixture_where_the_model_is_confident_and_the_sampled_token_elsewhere(threshold):
+    """ThinkRouter (arXiv 2602.11683): where max p >= tau, Soft Thinking's mixture of the top 4 of p renormalised; the
+    sampled token y elsewhere. Rows of LOGITS at temperature 0.5 have max p of about 0.83, 0.68 and 0.37."""
+    x = Exploration("thinkrouter", soft_top_k=4, router_confidence=threshold)
+    tokens = [3, 7, 11]
+    mixture = STRATEGIES["thinkrouter"].explore(step_view(x, tokens, tau=0.5))
+    confident = []
+    for row, y in enumerate(tokens):
+        p = softmax([float(z) / 0.5 for z in LOGITS[row]])
+        top = ranked(p)[:4]
+        confident.append(max(p) >= threshold)
+        expected = weighted_sum([p[c] / sum(p[c] for c in top) for c in top], top) if confident[-1] else \
+            weighted_sum([1.0], [y])
+        assert mixture.inputs[row].tolist() == pytest.approx(expected, abs=1e-5)
+    assert mixture.mixed.tolist() == confident
+    assert threshold not in (0.5, 0.75) or 0 < sum(confident) < len(tokens)  # the thresholds between the rows split
+
+
 # ----------------------------------------------------------------------------- Mixture of Inputs
 
 
@@ -652,11 +674,12 @@ def read_metrics(run_dir) -> list[dict]:
                                    dict(explore="multiplex", dirichlet_alpha=1.0, multiplex_gumbel_tau=1.0,
                                         multiplex_entropy_mask=5.0, **COLD_STOP),
                                    dict(explore="soft-grpo", kl_coef=0.01, noise_factor=0.5),
-                                   dict(explore="soft-grpo-dirichlet"), dict(explore="soft-grpo-gaussian")],
+                                   dict(explore="soft-grpo-dirichlet"), dict(explore="soft-grpo-gaussian"),
+                                   dict(explore="thinkrouter", router_confidence=0.3, **COLD_STOP)],
                          ids=["mixinputs", "soft-gumbel", "soft-cold-stop", "soft-gumbel-cold-stop", "soft-dirichlet",
                               "soft-gumbel-dirichlet-cold-stop", "multiplex", "multiplex-probs-distinct",
                               "multiplex-noise-mask-cold-stop", "soft-grpo", "soft-grpo-dirichlet",
-                              "soft-grpo-gaussian"])
+                              "soft-grpo-gaussian", "thinkrouter-cold-stop"])
 def test_training_replays_what_the_sampler_fed(tmp_path, one_thread, flags):
     """CPU fp32: the replayed log-probs equal the sampler's to rounding (Cold Stop's forced </think> included)."""
     train.run(tiny_run(tmp_path, "run", **flags))
