@@ -128,9 +128,8 @@ class LossSettings:
 
 
 def aggregators(mask: torch.Tensor, cfg: LossSettings, normalizer=None, run_tokens=None):
-    """(total, mean): per-token values [B, T] over `mask` -> the loss's sum / normalizer as cfg.loss_agg says (default
-    normalizer: this batch's loss_normalizer), and the metrics' token mean (per run of rows, or of per-sequence
-    token means in the seq modes)."""
+    """(total, mean): values [B, T] over `mask` -> the loss's sum / normalizer as cfg.loss_agg says (default: this
+    batch's loss_normalizer), and the metrics' token mean (per run of rows, or of sequences' token means)."""
     if normalizer is None:
         normalizer = loss_normalizer(mask, cfg.loss_agg, cfg.loss_agg_rows)
     if run_tokens is None and cfg.loss_agg == "token-mean-per-rows":
@@ -142,8 +141,8 @@ def aggregators(mask: torch.Tensor, cfg: LossSettings, normalizer=None, run_toke
 
 
 def clipped_losses(log_ratio: torch.Tensor, advantages: torch.Tensor, cfg: LossSettings):
-    """(loss, ratio, dual) [B, T, K] each: the clipped -A ratio of each term, ratio = exp(clamp(log_ratio, +-20))
-    clipped to [1 - clip_low, 1 + clip_high]; for A < 0 at most -dual_clip A, where `dual` marks it bounded so."""
+    """(loss, ratio, dual) [B, T, K]: -A ratio, ratio = exp(clamp(log_ratio, +-20)) clipped to [1 - clip_low, 1 +
+    clip_high], for A < 0 at most -dual_clip A (where `dual`)."""
     ratio = log_ratio.clamp(-20.0, 20.0).exp()
     adv = advantages.float().view(-1, 1, 1)  # [B, 1, 1]
     token_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high))

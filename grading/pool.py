@@ -268,9 +268,7 @@ class RewardPool:
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
         """A reward per (response, reference): kind "math" (final answer vs reference answer) or "choice"
-        (multiple-choice letter, GPQA; always ours unless reward_fn is set). `answers` then holds the answer each
-        response gives as the reward reads it (its first candidate; None: none; kind "math" only), so that a
-        training step's metrics need not extract them again."""
+        (multiple-choice letter, GPQA; always ours unless reward_fn is set). `answers`: each math answer as read."""
         if kind not in ("math", "choice"):
             raise ValueError(f"kind must be 'math' or 'choice', not {kind!r}")
         pairs = [(_text(response), _text(reference)) for response, reference in pairs]
@@ -307,9 +305,8 @@ class RewardPool:
         return [verdict == 1.0 for verdict in scores]
 
     def fast_verdicts(self, jobs: list[tuple[list[str], str]]) -> list[list[bool | None]]:
-        """Our grader's cheap exact rules, in this process, for each candidate of each (candidate answers,
-        reference answer): True (equal), False (not), None (sympy must decide: judge sends those to the workers).
-        Never raises: a candidate the rules cannot parse is undecided."""
+        """Our grader's cheap exact rules here, per candidate of each (candidates, reference): True, False, or None
+        where sympy must decide (judge's workers); a candidate they cannot parse is undecided."""
         return [[_safe_fast_verdict(candidate, reference, self.rel_tol) for candidate in candidates]
                 for candidates, reference in jobs]
 

@@ -94,11 +94,9 @@ def group_diversity(texts: Sequence[str], scores: Sequence[float], group_size: i
     """Diversity of one step's groups: rows g*G .. g*G+G-1 of `texts` (decoded responses) and `scores`
     (correctness, 1 / 0: not a shaped reward) are group g. Returns averages over the step's groups:
 
-    - div/distinct_answers: equivalence classes among a group's final answers (`answers`: each response's, None
-      for none, as the reward read them, RewardPool.answers; not given: reward.extract_answer's);
-      `same(a, b)` or a RewardPool decides equivalence, so 1/2 and 0.5 count once; responses without an answer
-      are left out (a group with none has 0). A training step passes FastRules(pool): the grader's exact rules
-      in this process, no second trip to its workers
+    - div/distinct_answers: equivalence classes among a group's final answers (`answers`, None for none: as the
+      reward read them, RewardPool.answers; else reward.extract_answer's), equal by `same(a, b)` or a RewardPool
+      (a step's FastRules(pool): its exact rules here), so 1/2 and 0.5 count once; answerless responses left out
     - div/no_answer: fraction of responses without an extracted answer
     - div/mixed_groups: fraction of groups with at least one correct and one wrong response
     - div/distinct_n (n = 1..4): mean over all pairs of responses within a group of pairwise_distinct_ratio;
@@ -189,38 +187,30 @@ class LearningSignal:
             if self.in_a_row[key] >= self.STEPS and key not in self.said:
                 self.said.add(key)
                 warnings.append(message.format(share=metrics[key], n=self.STEPS))
-        warnings += [w for w in (self.falling_reward(metrics), self.falling_held_out(metrics)) if w]
+        for key, falling in (("accuracy", self.falling_reward), ("held_out_accuracy", self.falling_held_out)):
+            if key in metrics and key not in self.said and (warning := falling(metrics["step"], metrics[key])):
+                self.said.add(key)
+                warnings.append(warning)
         return "; ".join(warnings) or None
 
-    def falling_reward(self, metrics: dict) -> str | None:
-        if "accuracy" not in metrics or "accuracy" in self.said:
-            return None
-        self.accuracies = (self.accuracies + [(metrics["step"], metrics["accuracy"])])[-2 * self.WINDOW:]
-        if len(self.accuracies) < self.WINDOW:
-            return None
-        window = self.accuracies[-self.WINDOW:]
-        mean = sum(value for _, value in window) / self.WINDOW
-        if self.best_window is None or mean > self.best_window[1]:
-            self.best_window = (window[0][0], mean)
-        self.below_best = self.below_best + 1 if mean <= self.best_window[1] - self.DROP else 0
+    def falling_reward(self, step: int, accuracy: float) -> str | None:
+        self.accuracies = (self.accuracies + [(step, accuracy)])[-self.WINDOW:]
+        mean = sum(value for _, value in self.accuracies) / self.WINDOW
+        if len(self.accuracies) == self.WINDOW and (self.best_window is None or mean > self.best_window[1]):
+            self.best_window = (self.accuracies[0][0], mean)
+        self.below_best = self.below_best + 1 if self.best_window and mean <= self.best_window[1] - self.DROP else 0
         if self.below_best < self.WINDOW:
             return None
-        self.said.add("accuracy")
-        return (f"the training accuracy's mean over {self.WINDOW} steps fell from {self.best_window[1]:.3f} (steps "
-                f"{self.best_window[0]}-{self.best_window[0] + self.WINDOW - 1}) to {mean:.3f} and stayed down for "
-                f"{self.WINDOW} steps: {self.UNLEARNING}")
+        first, best = self.best_window
+        return (f"the training accuracy's mean over {self.WINDOW} steps fell from {best:.3f} (steps {first}-"
+                f"{first + self.WINDOW - 1}) to {mean:.3f} and stayed down for {self.WINDOW} steps: {self.UNLEARNING}")
 
-    def falling_held_out(self, metrics: dict) -> str | None:
-        if "held_out_accuracy" not in metrics or "held_out_accuracy" in self.said:
-            return None
-        self.held_out.append((metrics["step"], metrics["held_out_accuracy"]))
-        if len(self.held_out) < 3:
-            return None
-        (_, a), (_, b), (step, now) = self.held_out[-3:]
+    def falling_held_out(self, step: int, accuracy: float) -> str | None:
+        self.held_out.append((step, accuracy))
         best_step, best = max(self.held_out, key=lambda point: point[1])
+        a, b, now = ([float("-inf")] * 3 + [value for _, value in self.held_out])[-3:]
         if not (now < b < a and now <= best - self.DROP / 2):
             return None
-        self.said.add("held_out_accuracy")
         return (f"the held-out accuracy fell at two evaluations in a row, from {best:.3f} (step {best_step}) to "
                 f"{now:.3f} (step {step}): {self.UNLEARNING}")
 

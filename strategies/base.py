@@ -193,15 +193,13 @@ class Strategy:
         return (*COIN,) * self.coin + self.knobs + (*FEED,) * self.mixes
 
     def labels(self, steps: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The recorded tokens training scores: the action y [B, T], or [y, c_1..c_K] [B, T, 1 + K] where the loss
-        scores the candidates too."""
+        """The recorded tokens training scores: y [B, T], or [y, c_1..c_K] [B, T, 1 + K] (loss_logp's)."""
         if self.loss_logp is None:
             return steps["response_ids"]
         return torch.cat([steps["response_ids"][..., None], steps["cand_ids"]], -1)
 
     def loss_terms(self, logp: torch.Tensor, steps: dict[str, torch.Tensor]):
-        """(what the loss takes as each step's log-probs, which of them count, or None for all) from the replayed
-        log-probs of `labels`."""
+        """(the loss's log-probs, which count or None for all) from the replayed log-probs of `labels`."""
         if self.loss_logp is None:
             return logp, None
         return self.loss_logp(logp, {name: value.to(logp.device) for name, value in steps.items()})
