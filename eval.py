@@ -32,6 +32,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+NOTHING_KEPT = "interrupted before the first sample was written; nothing to resume"
+if __name__ == "__main__":  # a SIGTERM while the imports below load torch (~2 s) says so too (main's handler after)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(print(NOTHING_KEPT, file=sys.stderr) or 128 + signum))
+
 import torch
 
 import config
@@ -611,7 +615,7 @@ def interrupted(interrupt: KeyboardInterrupt, out_dir: Path, argv: list[str]) ->
     kept = interrupt.args[0] if interrupt.args else \
         (len(samples.read_text().splitlines()) if samples.is_file() else 0)
     if not kept:
-        return "interrupted before the first sample was written; nothing to resume"
+        return NOTHING_KEPT
     dropped = "" if interrupt.args else " (the batch in flight is dropped)"
     return (f"interrupted: {kept} samples kept in {samples}{dropped}; continue with: "
             f"{guard.resume_command(argv, 'eval.py')}")

@@ -135,7 +135,7 @@ def aggregators(mask: torch.Tensor, cfg: LossSettings, normalizer=None, run_toke
     if run_tokens is None and cfg.loss_agg == "token-mean-per-rows":
         run_tokens = group_tokens(mask, cfg.loss_agg_rows)
     mean_mode = cfg.loss_agg if cfg.loss_agg in ("token-mean", "token-mean-per-rows") else "seq-mean-token-mean"
-    by = lambda mode: lambda values: aggregate(values, mask, mode=mode, normalizer=normalizer,  # noqa: E731
+    by = lambda mode: lambda values: aggregate(values, mask, mode=mode, normalizer=normalizer,
                                                max_tokens=cfg.max_new_tokens, group_tokens=run_tokens)
     return by(cfg.loss_agg), by(mean_mode)
 
@@ -171,8 +171,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, settings: LossSettings, ref
         ref_logp = None if ref_logp is None else ref_logp[..., None]
     total, mean = aggregators(mask, cfg, normalizer, run_tokens)
     count = candidates.float()  # [B, T, K]
-    per_token = lambda values: (values * count).sum(-1)  # noqa: E731 - [B, T, K] -> [B, T], the terms' sum
-    token_mean = lambda values: mean(per_token(values.float()) / count.sum(-1).clamp_min(1))  # noqa: E731
+    per_token = lambda values: (values * count).sum(-1)  # [B, T, K] -> [B, T], the terms' sum
+    token_mean = lambda values: mean(per_token(values.float()) / count.sum(-1).clamp_min(1))
     log_ratio = logp - old_logp
     if cfg.loss == "gspo":  # one ratio per sequence; its gradient flows to every token through the mean
         log_ratio = ((log_ratio * mask[..., None]).sum(1, keepdim=True)

@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import preloaded
@@ -124,3 +126,27 @@ def test_a_sigterm_while_eval_loads_says_so(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith("interrupted before the first sample was written; nothing to "
                                                     "resume")
     assert signal.getsignal(signal.SIGTERM) is not guard.Terminated  # the handler is put back
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (Linux: SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_sigterm_while_eval_imports_torch_says_so(tmp_path):
+    """A fresh interpreter (its imports take seconds): once eval.py has its SIGTERM handler, which it takes before
+    importing torch, a SIGTERM ends it with the line Ctrl-C gives, not silently."""
+    process = subprocess.Popen([sys.executable, "eval.py", "--model", "tiny", "--benchmarks", "arith", "--out-dir",
+                                str(tmp_path / "eval")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not catches_sigterm(process.pid) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.001)
+    process.send_signal(signal.SIGTERM)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert errors.strip().splitlines()[-1] == "interrupted before the first sample was written; nothing to resume"
+    assert not (tmp_path / "eval").exists()
