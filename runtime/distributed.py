@@ -20,6 +20,7 @@ is then the identity or a no-op, and the model is not sharded.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import warnings
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ def close_world(world: World) -> None:
     """Ends the process group init_world started; one the caller started stays for its next run (a program that
     runs train.run or eval.main several times in one job opens it once: gloo cannot start a second one)."""
     if world.opened and dist.is_initialized():
+        # A finished run's sharded model can sit in reference cycles that still hold the group: freed now, while
+        # the group and the interpreter are alive, not at exit, where a rank was seen to abort on 2 processes
+        # ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
 
 
