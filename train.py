@@ -331,7 +331,7 @@ def dealt_rollouts(r: Run, batch_rows: list[dict], step: int, draw: int):
 
 
 def scored(r: Run, texts: list[str], rows: list[dict]) -> tuple[list[str | None], torch.Tensor]:
-    """(answers as the reward read them, rewards [n]) of a call's responses; a stand-in scorer's read here."""
+    """(answers as the reward read them, rewards [n]) of a call's responses; another grader's read here."""
     r.pool.answers = []
     scores = torch.tensor(r.pool.score([(text, row["answer"]) for text, row in zip(texts, rows)]))
     answers = r.pool.answers if len(r.pool.answers) == len(texts) else [extract_answer(t) for t in texts]

@@ -268,19 +268,19 @@ class RewardPool:
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
         """A reward per (response, reference): kind "math" (final answer vs reference answer) or "choice"
-        (multiple-choice letter, GPQA; always ours unless reward_fn is set). `answers`: each math answer as read."""
+        (multiple-choice letter, GPQA; always ours unless reward_fn is set). `answers`: each answer our grader read."""
         if kind not in ("math", "choice"):
             raise ValueError(f"kind must be 'math' or 'choice', not {kind!r}")
         pairs = [(_text(response), _text(reference)) for response, reference in pairs]
-        candidates = [candidate_answers(response, reference, self.require_boxed) if kind == "math" else []
-                      for response, reference in pairs]
-        self.answers = [found[0] if found else None for found in candidates]
+        self.answers = []  # where another grader scores, nobody read them here
         if self.reward_fn or (kind == "math" and self.grader == "math-verify"):
             jobs = [(index, response, reference) for index, (response, reference) in enumerate(pairs)]
             scores = self._run_all(jobs, self.timeout_s, [0.0] * len(pairs))
         elif kind == "choice":
             scores = [float(gives_choice(response, letter)) for response, letter in pairs]
         else:
+            candidates = [candidate_answers(response, reference, self.require_boxed) for response, reference in pairs]
+            self.answers = [found[0] if found else None for found in candidates]
             jobs = [(found, reference_answer(reference)) for found, (_, reference) in zip(candidates, pairs)]
             scores = [float(equal) for equal in self.judge(jobs, self.timeout_s)]
         if self.require_boxed:  # whoever grades, an answer without a box scores 0
