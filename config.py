@@ -18,9 +18,9 @@ from pathlib import Path
 
 from data import MATH_INSTRUCTION
 from estimators import ADVANTAGES, KL_ESTIMATORS
-from model import PROJECTIONS, projection_shapes
+from model import PROJECTIONS, projection_shapes, unknown_targets
 from strategies import KNOBS, STRATEGIES, Knobs
-from strategies.base import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, option, problems
+from strategies.base import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, listing, option, problems, zero_is
 
 NONEMPTY = (lambda v: v.strip() != "", "must not be empty")
 # AdamW moves each weight by about lr a step; past 1 the weights (~0.02) are gone at once (1e6 for
@@ -29,18 +29,6 @@ STEP_SIZE = (lambda v: 0 < v <= 1, "must be in (0, 1]: AdamW moves every weight 
 UNIT = (lambda v: 0 < v <= 1, "must be in (0, 1]")
 BELOW_1 = (lambda v: 0 <= v < 1, "must be in [0, 1)")
 REPORTERS = ("", "none", "tensorboard", "wandb")
-
-
-def zero_is(meaning: str) -> tuple:
-    """The check of a count or amount whose 0 means something: >= 0, the message saying what 0
-    means."""
-    return lambda v: v >= 0, f"must be >= 0 (0 = {meaning})"
-
-
-def listing(names) -> str:
-    """'a, b or c'."""
-    names = list(names)
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 @dataclass(frozen=True)
@@ -247,6 +235,12 @@ class Config(Knobs):
                                   check=AT_LEAST_0)
     overlong_penalty_factor: float = option(1.0, "the overlong penalty at n = max_new_tokens is "
                                             "-factor", check=AT_LEAST_0)
+    length_shaping: str = option("none", "success-gated length shaping within each group (prime-rl's): brevity = a "
+                                 "correct response's reward times L_min / L, L_min the group's shortest correct "
+                                 "length; gr3 = times 1 / (1 + alpha L / the group's mean length); a wrong response "
+                                 "keeps its reward, never raised for being short (none = off)",
+                                 choices=("none", "brevity", "gr3"))
+    length_shaping_alpha: float = option(0.33, "--length-shaping gr3: alpha", check=POSITIVE)
 
     # --- optimizer
     lr: float = option(5e-7, "AdamW learning rate (the peak one with --lr-schedule cosine)",
@@ -523,12 +517,6 @@ def strategy_needs(c: Config) -> list[tuple[bool, str]]:
     return needs
 
 
-def unknown_targets(targets: str) -> list[str]:
-    """The names of a --lora-targets list that are not projections adapters can wrap (an empty name
-    too)."""
-    return [name for name in (t.strip() for t in targets.split(",")) if name not in PROJECTIONS]
-
-
 # The flags of thinking's end: read by every strategy that mixes (Strategy.mixes), with its own
 # knobs.
 THINKING = ("stop_mixing_token", "after_thinking_top_k", "after_thinking_top_p", "after_thinking_min_p")
@@ -561,6 +549,7 @@ IDLE_WITHOUT = {
     "rollout_is_cap": (lambda c: c.rollout_is != "none", "--rollout-is (a mode other than none)"),
     "rollout_is_lower": (lambda c: c.rollout_is.endswith("mask"), "--rollout-is token-mask or sequence-mask"),
     "overlong_penalty_factor": (lambda c: c.overlong_buffer > 0, "--overlong-buffer N"),
+    "length_shaping_alpha": (lambda c: c.length_shaping == "gr3", "--length-shaping gr3"),
     **dict.fromkeys(("sft_lr", "sft_batch_size", "sft_dev_problems", "sft_eval_every"),
                     (lambda c: c.sft_steps > 0, "--sft-steps N")),
     **dict.fromkeys(("val_n", "val_limit", "val_temperature", "val_top_p", "val_every", "val_before_train"),
@@ -621,6 +610,10 @@ _SMALL = dict(model="tiny", tokenizer="tiny", data="arith", max_prompt_tokens=25
               prompts_per_step=16, mini_batch_prompts=8, micro_batch_size=64, lr=2e-4, kl_coef=0.0,
               save_every=0, log_completions_every=0, grad_checkpointing=False)
 
+_DEMO = dict(_SMALL, instruction="", sft_steps=600, sft_lr=3e-3, sft_target_accuracy=0.6, sft_eval_every=2,
+             group_size=4, prompts_per_step=32, mini_batch_prompts=32, micro_batch_size=128, max_steps=120,
+             eval_problems=200, eval_every=20, log_completions_every=20)
+
 PRESETS: dict[str, dict] = {
     # The released code's recipes (configs/*.yaml of github.com/ZJUSCL/N-GRPO;
     # docs/paper-vs-release.md): the dataclass defaults plus what the released runs did beyond them.
@@ -680,11 +673,13 @@ PRESETS: dict[str, dict] = {
     # (40), so RL meets each many times; prompts without the R1 instruction halve a step's cost;
     # rollouts at temperature 0.7, where the tiny model's samples at 1.0 carry stray tokens whose
     # noise drowns the signal of its greedy errors (BENCHMARKS.md, "The demo").
-    "demo": dict(_SMALL, out_dir="runs/demo", data="arith:max_count=5", instruction="",
-                 temperature=0.7,
-                 sft_steps=600, sft_lr=3e-3, sft_target_accuracy=0.6, sft_eval_every=2, group_size=4,
-                 prompts_per_step=32, mini_batch_prompts=32, micro_batch_size=128, max_steps=120,
-                 eval_problems=200, eval_every=20, log_completions_every=20),
+    "demo": dict(_DEMO, out_dir="runs/demo", data="arith:max_count=5", temperature=0.7),
+    # The thinking testbed (docs/experiments.md): two-step problems whose worked solutions think, close the block
+    # and answer, R1's shape (`5-3=2. 2*3=6.\n</think>\n\n\\boxed{6}`; </think> one token of the tiny
+    # tokenizer), so that mixing stops at </think> and Cold Stop can end thinking as at full scale. Warm start to
+    # 40% (more room for RL than the demo's 60%), rollouts at temperature 1.
+    "demo-think": dict(_DEMO, out_dir="runs/demo-think", data="arith:difficulty=2,max_count=5,think=1",
+                       max_new_tokens=48, sft_target_accuracy=0.4),
 }
 
 
@@ -697,4 +692,4 @@ def preset(name: str) -> Config:
 # Presets whose runs are quick to make again: a new run of one replaces that same preset's earlier
 # output in its --out-dir without --overwrite. Any other run there (another preset's, or one from
 # before presets were recorded) is kept unless the command line says --overwrite.
-REPLACES_ITS_OWN_OUTPUT = ("tiny", "demo")
+REPLACES_ITS_OWN_OUTPUT = ("tiny", "demo", "demo-think")

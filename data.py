@@ -228,8 +228,8 @@ def tokenize_problems(problems: list[dict], tokenizer, *, max_prompt_tokens: int
 def load_problems(source: str, *, split: str = "train", limit: int | None = None) -> list[dict]:
     """Problems {id, problem, answer} from a local file, a hub dataset id or a built-in set.
 
-    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1,max_count=5` (see arith_problems); its
-    train and test splits never share a problem."""
+    Built-in: `arith` or `arith:difficulty=2,n=500,seed=1,max_count=5,think=1` (see arith_problems);
+    its train and test splits never share a problem."""
     if source == "arith" or source.startswith("arith:"):
         problems = arith_problems(split=split, first=limit, **_parse_options(source.partition(":")[2]))
     else:
@@ -383,7 +383,7 @@ def _answer_text(answer) -> str:
 
 def _parse_options(text: str) -> dict:
     """'difficulty=2,n=500' -> {"difficulty": 2, "n": 500}."""
-    names = ("difficulty", "n", "seed", "max_count")
+    names = ("difficulty", "n", "seed", "max_count", "think")
     options = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -400,7 +400,7 @@ ITEMS = ("apples", "marbles", "stickers", "coins", "shells", "pencils", "stamps"
 
 
 def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str = "train",
-                   max_count: int = 0, first: int | None = None) -> list[dict]:
+                   max_count: int = 0, first: int | None = None, think: int = 0) -> list[dict]:
     """Seeded arithmetic word problems with exact non-negative integer answers and a worked
     solution.
 
@@ -409,7 +409,9 @@ def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str
     never share a problem. A smaller max_count means fewer distinct sums to learn (the demo's
     max_count=5: 25 sums and 15 differences), so that a short RL run meets each of them many times.
     first: stop after that many, the first problems of the whole set (a held-out set of 200 need not
-    draw the rest).
+    draw the rest). think=1: the worked solution is R1's shape, a thinking block closed by </think>
+    then the answer (`9+4=13. 13-2=11.\n</think>\n\n\\boxed{11}`; the prompt opens the block), the
+    same problems as think=0.
 
     >>> arith_problems(1, seed=3)[0]["problem"]
     'Jun has 9 books. Jun gets 4 more books. How many books does Jun have now?'
@@ -428,7 +430,7 @@ def arith_problems(n: int = 1000, difficulty: int = 1, seed: int = 0, split: str
         if draw in seen:
             continue
         seen.add(draw)
-        problem = _arith_text(*draw)
+        problem = _arith_text(*draw, think=bool(think))
         digest = int(hashlib.sha256(problem["problem"].encode()).hexdigest(), 16)
         if (digest % 10 == 0) != (split == "test"):
             continue
@@ -465,7 +467,7 @@ def _arith_draw(rng: random.Random, difficulty: int, top: int) -> tuple:
     return name, item, start, tuple(ops)
 
 
-def _arith_text(name: str, item: str, count: int, ops: tuple) -> dict:
+def _arith_text(name: str, item: str, count: int, ops: tuple, think: bool = False) -> dict:
     """The problem, its answer and a worked solution of one draw."""
     sentences, steps = [f"{name} has {count} {item}."], []
     for op, k in ops:
@@ -476,7 +478,8 @@ def _arith_text(name: str, item: str, count: int, ops: tuple) -> dict:
         steps.append(f"{count}{op}{k}={new}.")
         count = new
     sentences.append(f"How many {item} does {name} have now?")
-    return {"problem": " ".join(sentences), "answer": str(count), "solution": " ".join(steps) + f" \\boxed{{{count}}}"}
+    answer = f"\n{END_THINK}\n\n\\boxed{{{count}}}" if think else f" \\boxed{{{count}}}"
+    return {"problem": " ".join(sentences), "answer": str(count), "solution": " ".join(steps) + answer}
 
 
 # ----------------------------------------------------------------------------- batching

@@ -46,6 +46,7 @@ from neighbors import table_for
 from rollout import exploration_from_config, generate, sampling_from_config
 from runtime import cli, distributed, guard, lora, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
+from runtime.diagnostics import think_end_id, token_counts, token_efficiency
 from runtime.distributed import World
 from strategies import STRATEGIES
 
@@ -210,13 +211,14 @@ def training_instruction_warning(model: str, instruction: str) -> str | None:
 
 def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bool = True):
     """evaluate()'s generate_fn: (prompt ids, seed, row keys) -> (decoded responses, tokens
-    generated)."""
+    generated, each response's token counts: diagnostics.token_counts)."""
 
     def generate_fn(prompts, seed, row_keys):
         rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
                            row_keys=row_keys, progress=progress)
         responses = rollout.responses()
-        return tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses))
+        return (tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses)),
+                token_counts(rollout.response_ids, rollout.lengths, think_end_id(tokenizer)))
 
     return generate_fn
 
@@ -303,7 +305,8 @@ def evaluate(benchmarks, generate_fn, *, n: int, out_dir, batch_size: int, seed:
                 if caught:  # every rank stops after the same round, whichever got the signal
                     raise KeyboardInterrupt(len(done), int(caught))
             correct = {p["id"]: [done[(name, p["id"], s)]["correct"] for s in range(n)] for p in problems}
-            results[name] = summarize(correct, n)
+            results[name] = summarize(correct, n)  # and the token counts' figures, where samples carry them
+            results[name].update(token_efficiency([done[(name, p["id"], s)] for p in problems for s in range(n)]))
     math_sets = [results[name] for name, _, kind in benchmarks if kind == "math"]
     if math_sets:
         results["average"] = {key: sum(r[key] for r in math_sets) / len(math_sets)
@@ -362,13 +365,14 @@ def run_batch(name, problems, kind, batch, done, generate_fn, score_fn, seed) ->
     if batch_done(name, problems, batch, done):
         return [], 0
     keys = [(name, problems[i]["id"], s) for _, i, s in batch]
-    texts, num_tokens = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed,
-                                    [sample_key(i, s) for _, i, s in batch])
+    texts, num_tokens, *counts = generate_fn([problems[i]["prompt_ids"] for _, i, _ in batch], seed,
+                                             [sample_key(i, s) for _, i, s in batch])
     scores = score_fn([(text, problems[i]["answer"]) for text, (_, i, _) in zip(texts, batch)], kind, name)
     records = [{"benchmark": name, "problem_id": key[1], "sample": key[2], "response": text,
                 "extracted": extracted_answer(text, kind), "reference": problems[i]["answer"],
-                "correct": bool(score)}
-               for (_, i, _), key, text, score in zip(batch, keys, texts, scores) if key not in done]
+                "correct": bool(score), **count}
+               for (_, i, _), key, text, score, count in zip(batch, keys, texts, scores, counts[0] if counts else
+                                                            [{}] * len(texts)) if key not in done]
     return records, num_tokens
 
 

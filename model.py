@@ -274,6 +274,11 @@ def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     return dict(zip(PROJECTIONS, ((h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h))))
 
 
+def unknown_targets(targets: str) -> list[str]:
+    """The names of a --lora-targets list that are not PROJECTIONS (an empty name too)."""
+    return [name for name in (t.strip() for t in targets.split(",")) if name not in PROJECTIONS]
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -67,6 +67,31 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, fa
     return ((max_new_tokens - buffer - lengths.float()) / buffer * factor).clamp(max=0.0)
 
 
+def length_shaping(scores: torch.Tensor, lengths: torch.Tensor, group_size: int, mode: str,
+                   alpha: float = 0.33) -> torch.Tensor:
+    """Success-gated length shaping within each group of G responses (prime-rl's length_shaping, its
+    orchestrator/advantage.py): brevity = a correct response's score times L_min / L, L_min the group's shortest
+    correct length (its brevity_bonus); gr3 = times 1 / (1 + alpha L / mean L), the group's mean length. Only a
+    score > 0 is shaped: a wrong response is never rewarded for being short. none: the scores. [N] float."""
+    if mode == "none":
+        return scores
+    scores, lengths = scores.view(-1, group_size), lengths.view(-1, group_size).to(scores.dtype)
+    if mode == "brevity":
+        factor = lengths.masked_fill(scores <= 0, float("inf")).amin(-1, keepdim=True) / lengths
+    else:
+        factor = 1.0 / (1.0 + alpha * lengths / lengths.mean(-1, keepdim=True))
+    return torch.where(scores > 0, scores * factor, scores).view(-1)
+
+
+def shaped_rewards(scores: torch.Tensor, lengths: torch.Tensor, cfg) -> torch.Tensor:
+    """The rewards the advantages see: the scores, length-shaped (--length-shaping), plus DAPO's overlong penalty."""
+    if cfg.length_shaping != "none":
+        scores = length_shaping(scores, lengths, cfg.group_size, cfg.length_shaping, cfg.length_shaping_alpha)
+    if cfg.overlong_buffer <= 0:
+        return scores
+    return scores + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty_factor)
+
+
 def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, normalizer, max_tokens: int,
               group_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token values [B, T] -> one number: token-mean = sum over `mask` / normalizer (the mini-batch's
@@ -526,7 +551,7 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
     if entropy_coef is not None:
         settings = replace(settings, entropy_coef=entropy_coef)
     totals: dict[str, float] = {}
-    entropy_sum, finite, mismatch = 0.0, True, dict.fromkeys(MISMATCH_SUMS, 0.0)
+    finite, mismatch, sums = True, dict.fromkeys(MISMATCH_SUMS, 0.0), dict.fromkeys(("entropy", "mixed", "mixed_H"), 0.)
     for index, real in micro_batches(episodes.rollout, cfg, world):
         micro = episodes.micro_batch(index)
         logp, entropy = replay(model, micro.rollout, cfg)
@@ -560,10 +585,14 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
         loss.backward()
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + float(value)
-        entropy_sum += float((entropy.detach() * mask).sum())
+        mixed = micro.rollout.mixed.to(device) & mask  # the entropy where inputs were mixed (docs/experiments.md)
+        sums = add_sums(sums, {"entropy": float((entropy.detach() * mask).sum()), "mixed": float(mixed.sum()),
+                               "mixed_H": float((entropy.detach() * mixed).sum())})
     totals = distributed.mean_across(totals, 1.0, world)  # each rank's sums / (count / W): their mean
-    entropy_sum = distributed.sum_across({"entropy": entropy_sum}, world)["entropy"]
-    totals["entropy"] = entropy_sum / float(full_mask.sum().clamp_min(1))
+    sums = distributed.sum_across(sums, world)
+    totals["entropy"] = sums["entropy"] / float(full_mask.sum().clamp_min(1))
+    if sums["mixed"]:
+        totals["mixed_entropy"] = sums["mixed_H"] / sums["mixed"]
     if episodes.old_logp is None:
         maxima = {key: mismatch.pop(key) for key in MISMATCH_SUMS if key.endswith("_max")}
         totals.update(mismatch_metrics({**distributed.sum_across(mismatch, world),

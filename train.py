@@ -45,13 +45,13 @@ from engine.decoder import release_decoder
 from estimators import EntropyControl
 from model import MODEL_PRESETS, load_model, resolve_checkpoint, resolve_device
 from neighbors import table_for
-from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, update
+from ngrpo import MISMATCH_METRICS, keep_groups, overlong_penalty, scheduled_lr, shaped_rewards, update
 from reward import RewardPool, extract_answer
 from rollout import Exploration, Rollout, Sampling, exploration_from_config, generate, sampling_from_config
 from runtime import checkpoint, distributed, guard, lora, plan
 from runtime.checkpoint import checkpoint_dirs
 from runtime.cli import parse_config
-from runtime.diagnostics import FastRules, Watch, group_diversity, mixture_closeness
+from runtime.diagnostics import FastRules, Watch, group_diversity, mixture_closeness, think_end_id, thinking_metrics
 from runtime.guard import RunError
 from runtime.tracking import END_OF_RUN, Tracker, check_report_to, read_summary, step_line, write_summary
 from runtime.warmstart import held_out_accuracy, warm_start
@@ -258,10 +258,7 @@ def collect_groups(r: Run, step: int) -> Groups:
             break
     release_decoder(r.sampler)  # the KV cache and graphs give their memory back to the update
     rollout, scores = Rollout.concat(rollouts), torch.cat(scores)
-    rewards = scores
-    if cfg.overlong_buffer > 0:
-        rewards = scores + overlong_penalty(rollout.lengths.cpu(), cfg.max_new_tokens, cfg.overlong_buffer,
-                                            cfg.overlong_penalty_factor)
+    rewards = shaped_rewards(scores, rollout.lengths.cpu(), cfg)
     trained, trained_rewards = rollout, rewards
     if cfg.filter_groups != "none":
         kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
@@ -368,6 +365,9 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
     }
     if closeness is not None:  # mixed steps only: cos(fed mixture, E[y]); the paper reports 0.9985
         metrics["mix_cosine"] = closeness[1]
+    if (think_end := think_end_id(r.tokenizer)) is not None:  # R1's `thinking </think> answer`, each part's length
+        metrics.update(thinking_metrics(rollout.response_ids, rollout.lengths, rollout.mixed, think_end,
+                                        groups.scores > 0, rollout.steps.get("cold_stop")))
     # Each knob of the GRPO family logs what it did, only when it is on.
     trained_rows = len(groups.trained.prompts)
     if cfg.filter_groups != "none":

@@ -49,6 +49,7 @@ import data
 from eval import LEVEL, RESAMPLES, bootstrap_means, metric_values, percentile_interval
 from eval import parse_args as evaluation_args
 from research.analysis import load_samples
+from research.plot import plot_gain_by_entropy
 from runtime.cli import parse_config
 from runtime.tracking import LOG_EVERY_S, read_summary
 
@@ -256,16 +257,35 @@ def run_sweep(sweep: dict, out_dir: Path, *, dry_run: bool = False) -> list[dict
 # ----------------------------------------------------------------------------- the table
 
 
+# Counts a sample record holds (eval.py) that a table may show beside mean@n / pass@k: each problem's mean over its
+# samples, in tokens (think_tokens: up to and with </think>).
+COUNTS = ("tokens", "think_tokens")
+
+
+def shown(metric: str, value: float) -> float:
+    """A table's number: accuracies in percent, counts in tokens."""
+    return value if metric in COUNTS else 100 * value
+
+
 def problem_values(evaluations: list[Path], metrics: list[str]) -> dict[str, tuple[list, torch.Tensor]]:
-    """benchmark -> (its problem ids, [seeds, P, S] each seed's score of each problem for each metric)."""
+    """benchmark -> (its problem ids, [seeds, P, S] each seed's score of each problem for each metric: mean@n and
+    pass@k from its samples' correctness, a count of COUNTS as the mean over its samples)."""
+    accuracies = [m for m in metrics if m not in COUNTS]
     runs = [load_samples(d) for d in evaluations]
+    counts = [{m: load_samples(d, field=m) for m in metrics if m in COUNTS} for d in evaluations]
     values = {}
     for benchmark in runs[0]:
         ids = sorted(runs[0][benchmark])
         if any(sorted(run.get(benchmark, {})) != ids for run in runs):
             raise SweepError(f"{benchmark}: the seeds of one row evaluated different problems: {evaluations}")
-        values[benchmark] = ids, torch.stack([metric_values([run[benchmark][i] for i in ids], metrics)
-                                              for run in runs])
+        per_seed = []
+        for run, count in zip(runs, counts):
+            columns = dict(zip(accuracies, metric_values([run[benchmark][i] for i in ids], accuracies).T)) \
+                if accuracies else {}
+            columns.update({m: torch.tensor([sum(c[benchmark][i]) / len(c[benchmark][i]) for i in ids],
+                                            dtype=torch.float64) for m, c in count.items()})
+            per_seed.append(torch.stack([columns[m] for m in metrics], -1))
+        values[benchmark] = ids, torch.stack(per_seed)
     return values
 
 
@@ -292,42 +312,97 @@ def row_cells(evaluations: list[Path], metrics: list[str], resamples: int) -> di
     return cells
 
 
-def paired_lines(by_row: dict[str, list[Path]], seeds: dict[str, list[int]], metrics: list[str],
-                 resamples: int) -> list[str]:
-    """Each row against the first, paired: on each benchmark, the mean over problems of (row - first) of each
-    problem's score averaged over the seeds both ran, with a percentile bootstrap interval over problems (the same
-    resampled problems for both rows: the problems' own difficulty cancels)."""
+def paired(by_row: dict[str, list[Path]], seeds: dict[str, list[int]], metrics: list[str],
+           resamples: int) -> dict[str, tuple[list[int], dict]]:
+    """Each row against the first, paired: row -> (the seeds both ran, benchmark -> metric -> (mean, low, high)), the
+    mean over problems of (row - first) of each problem's score averaged over those seeds, with a percentile
+    bootstrap interval over problems (the same resampled problems for both rows: their own difficulty cancels)."""
     first, *others = by_row
-    lines = ["", f"Paired against {first} (percentage points; {LEVEL:.0%} bootstrap interval over problems of each "
-             "problem's difference of seed means; the seeds both rows ran):", ""]
-    base = dict(zip(seeds[first], by_row[first]))
+    base, comparisons = dict(zip(seeds[first], by_row[first])), {}
     for row in others:
         shared = [seed for seed in seeds[row] if seed in base]
         if not shared:
             continue
         mine = dict(zip(seeds[row], by_row[row]))
         theirs = problem_values([base[seed] for seed in shared], metrics)
-        cells = []
+        cells = {}
         for benchmark, (ids, values) in problem_values([mine[seed] for seed in shared], metrics).items():
             if benchmark not in theirs or theirs[benchmark][0] != ids:
                 continue
             difference = values.mean(0) - theirs[benchmark][1].mean(0)  # [P, S]
             draws = bootstrap_means(difference, resamples, torch.Generator().manual_seed(0))
-            for s, (low, high) in enumerate(percentile_interval(draws, LEVEL).tolist()):
-                cells.append(f"{benchmark} {metrics[s]} {100 * float(difference[:, s].mean()):+.1f} "
-                             f"[{100 * low:+.1f}, {100 * high:+.1f}]")
-        lines.append(f"- {row} - {first} (seeds {' '.join(map(str, shared))}): " + "; ".join(cells))
+            cells[benchmark] = {metrics[s]: (float(difference[:, s].mean()), low, high)
+                                for s, (low, high) in enumerate(percentile_interval(draws, LEVEL).tolist())}
+        comparisons[row] = shared, cells
+    return comparisons
+
+
+def paired_lines(comparisons: dict, first: str) -> list[str]:
+    """`paired`'s comparisons as the table's lines."""
+    lines = ["", f"Paired against {first} (percentage points, tokens for counts; {LEVEL:.0%} bootstrap interval over "
+             "problems of each problem's difference of seed means; the seeds both rows ran):", ""]
+    for row, (shared, cells) in comparisons.items():
+        text = [f"{benchmark} {m} {shown(m, mean):+.1f} [{shown(m, low):+.1f}, {shown(m, high):+.1f}]"
+                for benchmark, by_metric in cells.items() for m, (mean, low, high) in by_metric.items()]
+        lines.append(f"- {row} - {first} (seeds {' '.join(map(str, shared))}): " + "; ".join(text))
     return lines
 
 
-def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES) -> tuple[str, str]:
-    """(markdown, csv): rows = table rows in sweep order, columns = benchmark x metric, then the average."""
+def mixed_entropy(run_dirs: list[Path]) -> tuple[float, float] | None:
+    """(the policy's mean entropy at the steps a method mixed, the fraction of thinking steps it mixed), over its
+    training runs' steps (metrics.jsonl: mixed_entropy, think/mixed_frac); None when no step was mixed."""
+    records = [json.loads(line) for d in run_dirs if (d / "metrics.jsonl").is_file()
+               for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    entropies = [r["mixed_entropy"] for r in records if "mixed_entropy" in r]
+    if not entropies:
+        return None
+    fractions = [r.get("think/mixed_frac", r.get("mix_rate", 0.0)) for r in records]
+    return sum(entropies) / len(entropies), sum(fractions) / len(fractions)
+
+
+def by_x(point: tuple) -> float:
+    return point[1]
+
+
+def entropy_analysis(comparisons: dict, first: str, trained: dict[str, list[Path]], metric: str,
+                     out_dir: Path | None = None) -> list[str]:
+    """Each method's paired gain (its first benchmark's `metric`) against the mean entropy of the steps it mixed:
+    lines of a table, and OUT/entropy_gain.png drawn by research.plot (with matplotlib)."""
+    points = []
+    for row, (_, cells) in comparisons.items():
+        where = mixed_entropy(trained.get(row, []))
+        gain = next(iter(cells.values()), {}).get(metric)
+        if where is not None and gain is not None:
+            points.append((row, *where, *gain))
+    if not points:
+        return []
+    lines = ["", f"Gain against the entropy of the mixed steps (the policy's, nats, over the training steps; the "
+             f"gain is {metric} paired against {first}):", "", f"| method | mixed-step entropy | thinking steps "
+             f"mixed | {metric} - {first} |", "|---|---|---|---|"]
+    lines += [f"| {row} | {entropy:.3f} | {fraction:.3f} | {shown(metric, mean):+.1f} [{shown(metric, low):+.1f}, "
+              f"{shown(metric, high):+.1f}] |" for row, entropy, fraction, mean, low, high in sorted(points, key=by_x)]
+    if out_dir is not None:
+        with contextlib.suppress(ImportError):  # matplotlib is optional: the table stands without the figure
+            plot_gain_by_entropy([(row, e, shown(metric, m), shown(metric, lo), shown(metric, hi))
+                                  for row, e, _, m, lo, hi in points], f"{metric} - {first}",
+                                 out_dir / "entropy_gain.png")
+            lines += ["", f"Figure: {out_dir / 'entropy_gain.png'}"]
+    return lines
+
+
+def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES,
+                out_dir: Path | None = None) -> tuple[str, str]:
+    """(markdown, csv): rows = table rows in sweep order, columns = benchmark x metric, then the average; then each
+    row paired against the first, and where methods mixed, their gains against the entropy of what they mixed (its
+    figure in out_dir)."""
     by_row: dict[str, list[Path]] = {}
     seeds: dict[str, list[int]] = {}
+    trained: dict[str, list[Path]] = {}
     for job in jobs:
         for evaluation in job["evals"]:
             by_row.setdefault(evaluation["row"], []).append(evaluation["dir"])
             seeds.setdefault(evaluation["row"], []).append(job["seed"])
+            trained.setdefault(evaluation["row"], []).append(job["dir"])
     metrics = sweep.get("metrics", ["mean@n", "pass@n"])
     rows = {row: row_cells(dirs, metrics, resamples) for row, dirs in by_row.items()}
     columns = list(dict.fromkeys(b for cells in rows.values() for b in cells))
@@ -345,18 +420,21 @@ def build_table(sweep: dict, jobs: list[dict], resamples: int = RESAMPLES) -> tu
                     text.append("")
                     continue
                 low, high = cell["ci"]
-                text.append(f"{100 * cell['mean']:.1f} [{100 * low:.1f}, {100 * high:.1f}]")
+                text.append(f"{shown(metric, cell['mean']):.1f} [{shown(metric, low):.1f}, {shown(metric, high):.1f}]")
                 per_seed = " ".join(f"{v:.6f}" for v in cell["per_seed"])
                 writer.writerow([row, benchmark, metric, f"{cell['mean']:.6f}", f"{low:.6f}", f"{high:.6f}",
                                  " ".join(map(str, seeds[row])), per_seed])
         lines.append("| " + " | ".join([row] + text) + " |")
     lines.append("")
     average = "; the average's interval resamples each benchmark" if "average" in columns else ""
-    lines.append(f"Percent; mean over seeds [{LEVEL:.0%} percentile bootstrap interval over problems, "
+    lines.append(f"Percent (tokens for {', '.join(COUNTS)}); mean over seeds [{LEVEL:.0%} percentile bootstrap "
+                 "interval over problems, "
                  f"{resamples} resamples, of each problem's score averaged over seeds{average}]. Seeds: "
                  + "; ".join(f"{row}: {' '.join(map(str, s))}" for row, s in seeds.items()))
     if len(by_row) > 1:
-        lines += paired_lines(by_row, seeds, metrics, resamples)
+        comparisons, first = paired(by_row, seeds, metrics, resamples), next(iter(by_row))
+        lines += paired_lines(comparisons, first)
+        lines += entropy_analysis(comparisons, first, trained, metrics[0], out_dir)
     return "\n".join(lines) + "\n", out.getvalue()
 
 
@@ -376,7 +454,7 @@ def main(argv=None) -> None:
         jobs = run_sweep(sweep, out_dir, dry_run=args.dry_run)
         if args.dry_run:
             return
-        markdown, table_csv = build_table(sweep, jobs, args.resamples)
+        markdown, table_csv = build_table(sweep, jobs, args.resamples, out_dir)
     except (SweepError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:  # the step running got the signal too (one process group) and stopped

@@ -21,10 +21,13 @@ FIGURES = {
     "held_out": ("Held-out accuracy (greedy; step 0 = before RL)", ["held_out_accuracy"]),
     "validation": ("Validation on --val-data (eval.py's protocol; step 0 = before RL)", ["val/*"]),
     "response_length": ("Response length (tokens)", ["response_len_mean", "truncated_frac"]),
-    "entropy": ("Token entropy of the policy", ["entropy"]),
+    "entropy": ("Token entropy of the policy: every response token, the mixed steps", ["entropy", "mixed_entropy"]),
     "kl": ("k3 KL to the reference model", ["kl"]),
     "clipping": ("Fraction of tokens clipped", ["clip_frac_high", "clip_frac_low", "dual_clip_frac"]),
     "mixing": ("Mixing", ["mix_rate", "mix_distance", "mix_cosine"]),
+    "thinking": ("Thinking and answering (R1's </think>; docs/experiments.md)",
+                 ["think/len_mean", "think/answer_len_mean", "think/closed", "think/mixed_frac", "think/answer_mixed",
+                  "think/cold_stop_ends", "think/correct_per_1k"]),
     "diversity": ("Group diversity (docs/experiments.md)",
                   ["div/distinct_answers", "div/mixed_groups", "div/distinct_1", "div/distinct_2",
                    "div/distinct_3", "div/distinct_4"]),
@@ -140,6 +143,33 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         plt.close(figure)
         written.append(path)
     return written
+
+
+def plot_gain_by_entropy(points: list[tuple[str, float, float, float, float]], label: str, path: Path) -> Path:
+    """One figure: each method's gain (its interval as a bar) against the mean entropy of the steps it mixed;
+    points are (method, entropy, gain, low, high). research.experiments draws it under a sweep's table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7.5, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (method, entropy, gain, low, high) in enumerate(points):
+        axis.errorbar([entropy], [gain], yerr=[[gain - low], [high - gain]], fmt="o", capsize=3,
+                      color=colors[index % len(colors)], label=method)
+    axis.axhline(0.0, color="grey", linewidth=0.8)
+    axis.set_xlabel("mean entropy of the mixed steps (nats)")
+    axis.set_ylabel(label)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="x-small", loc="best")
+    figure.suptitle("Gain against the entropy of what each method mixed\n(bar: 95% paired bootstrap interval)",
+                    fontsize="medium")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def main(argv=None) -> list[Path]:

@@ -4,6 +4,7 @@ are to the sampled tokens. docs/experiments.md defines each key.
 
     group_diversity(texts, scores, group_size, answers=pool.answers, same=FastRules(pool))  -> {"div/...": ...}
     mixture_closeness(embed_weight, cand_ids, cand_weights, response_ids, mixed)  -> (mean distance, mean cos)
+    thinking_metrics(response_ids, lengths, mixed, think_end, correct, forced)  -> {"think/...": ...}
 
 research/analysis.py runs the same measures over evaluated runs.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from data import END_THINK
 from grading.extract import extract_answer
 from strategies import mixed_embeddings
 
@@ -142,6 +144,82 @@ def mixture_closeness(embed_weight: torch.Tensor, cand_ids: torch.Tensor, cand_w
             distance += float(((fed - own).norm(dim=-1) / own.norm(dim=-1).clamp_min(1e-12)).sum())
             cosine += float(torch.nn.functional.cosine_similarity(fed, own, dim=-1).sum())
     return distance / len(actions), cosine / len(actions)
+
+
+# ----------------------------------------------------------------------------- thinking and answering
+
+
+def think_end_id(tokenizer) -> int | None:
+    """The id of </think> where the tokenizer holds it as one token (R1-Distill's, the tiny one's), else None."""
+    ids = tokenizer.encode(END_THINK, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def thinking_lengths(response_ids: torch.Tensor, lengths: torch.Tensor, think_end: int) -> torch.Tensor:
+    """[N] each response's thinking tokens: up to its first `think_end` (</think>) and that token included; the
+    whole response where it never closes thinking (response_ids [N, T], lengths [N], stop token included). The
+    rest of a response is its answer."""
+    steps = torch.arange(response_ids.shape[1], device=response_ids.device)
+    closes = (response_ids == think_end) & (steps < lengths[:, None])  # [N, T]
+    first = torch.where(closes, steps, response_ids.shape[1]).amin(-1)  # [N]: T where it never closes
+    return torch.where(closes.any(-1), first + 1, lengths)
+
+
+def thinking_metrics(response_ids: torch.Tensor, lengths: torch.Tensor, mixed: torch.Tensor, think_end: int,
+                     correct: torch.Tensor, forced: torch.Tensor | None = None) -> dict[str, float]:
+    """How a step's responses split into thinking and answer (R1's `... </think> answer`), and where they mixed:
+
+    - think/len_mean, think/answer_len_mean: tokens before and after </think> (</think> counts as thinking)
+    - think/closed: fraction of responses that wrote </think>
+    - think/mixed_frac: the fraction of thinking steps that fed a mixture; think/answer_mixed: mixed steps after
+      </think>, a count (0 whenever mixing stops at </think>, as every soft-token method's does)
+    - think/correct_len_mean: tokens of the correct responses (tokens to a correct answer; absent when none is)
+    - think/correct_per_1k: correct responses per 1,000 thinking tokens spent, all responses' thinking counted
+    - think/cold_stop_ends: responses whose </think> Cold Stop forced (`forced` [N, T], where it is recorded)
+
+    correct [N] bool; mixed [N, T] bool."""
+    thinking, correct = thinking_lengths(response_ids, lengths, think_end), correct.to(lengths.device)
+    steps = torch.arange(response_ids.shape[1], device=response_ids.device)
+    in_thinking, in_answer = steps < thinking[:, None], (steps >= thinking[:, None]) & (steps < lengths[:, None])
+    metrics = {
+        "think/len_mean": float(thinking.float().mean()),
+        "think/answer_len_mean": float((lengths - thinking).float().mean()),
+        "think/closed": float(((response_ids == think_end) & in_thinking).any(-1).float().mean()),
+        "think/mixed_frac": float((mixed & in_thinking).sum()) / max(int(thinking.sum()), 1),
+        "think/answer_mixed": int((mixed & in_answer).sum()),
+        "think/correct_per_1k": 1000.0 * float(correct.sum()) / max(int(thinking.sum()), 1),
+    }
+    if correct.any():
+        metrics["think/correct_len_mean"] = float(lengths[correct].float().mean())
+    if forced is not None:
+        metrics["think/cold_stop_ends"] = int((forced & in_thinking).sum())
+    return metrics
+
+
+def token_counts(response_ids: torch.Tensor, lengths: torch.Tensor, think_end: int | None) -> list[dict[str, int]]:
+    """Each response's tokens, and its thinking tokens where the tokenizer has </think> (`think_end`): what eval.py
+    writes in each sample's record."""
+    thinking = None if think_end is None else thinking_lengths(response_ids, lengths, think_end).tolist()
+    return [{"tokens": n} if thinking is None else {"tokens": n, "think_tokens": k}
+            for n, k in zip(lengths.tolist(), thinking or lengths.tolist())]
+
+
+def token_efficiency(records: list[dict]) -> dict[str, float]:
+    """eval.py's token-efficiency figures of a benchmark's samples (each record's tokens, think_tokens, correct):
+    tokens_mean, think_tokens_mean, answer_tokens_mean (after </think>), correct_tokens_mean (the tokens of the
+    correct samples: tokens to a correct answer; absent when none is) and correct_per_1k_think (correct samples
+    per 1,000 thinking tokens). {} when a record has no counts (samples written before they were kept)."""
+    if not records or any("tokens" not in r for r in records):
+        return {}
+    tokens, right = [r["tokens"] for r in records], [r["tokens"] for r in records if r["correct"]]
+    figures = {"tokens_mean": sum(tokens) / len(tokens)}
+    if all("think_tokens" in r for r in records):
+        thinking = sum(r["think_tokens"] for r in records)
+        figures.update(think_tokens_mean=thinking / len(records), answer_tokens_mean=(sum(tokens) - thinking) /
+                       len(records), correct_per_1k_think=1000.0 * len(right) / max(thinking, 1))
+    if right:
+        figures["correct_tokens_mean"] = sum(right) / len(right)
+    return figures
 
 
 # ----------------------------------------------------------------------------- a run that learns nothing

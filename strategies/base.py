@@ -42,6 +42,17 @@ FRACTION = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
 OFF_AT_0 = (lambda v: v >= 0, "must be >= 0 (0 = off)")
 
 
+def zero_is(meaning: str) -> tuple:
+    """The check of a count or amount whose 0 means something: >= 0, the message saying what 0 means."""
+    return lambda v: v >= 0, f"must be >= 0 (0 = {meaning})"
+
+
+def listing(names) -> str:
+    """'a, b or c'."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def is_text(value: str) -> bool:
     """Whether a string can be written as UTF-8 (a command-line argument in another encoding arrives holding
     lone surrogates, which cannot)."""

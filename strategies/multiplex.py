@@ -14,7 +14,7 @@ import torch
 
 from engine.draws import GUMBEL, MULTIPLEX
 from strategies.base import AT_LEAST_0, AT_LEAST_1, Mixture, StepView, Strategy, mix_where, option
-from strategies.soft import COLD_STOP, COLD_STOP_STATE, NOISE, cold_stop, dirichlet_probs
+from strategies.soft import COLD_STOP, COLD_STOP_RECORD, COLD_STOP_STATE, NOISE, cold_stop, dirichlet_probs
 
 KNOBS = dict(
     multiplex_width=option(3, "K, the tokens drawn from the sampling distribution at each thinking step (Multiplex "
@@ -59,7 +59,7 @@ def explore_multiplex(view: StepView) -> Mixture:
     softmax((log p + g) / tau), a Gumbel g per token from the row's GUMBEL stream) replace p by p' for all K draws: the
     action too is then the first of K draws from p' (scored, like every candidate, under the policy's p)."""
     x = view.exploration
-    view = cold_stop(view)
+    view, stopped = cold_stop(view)
     if x.multiplex_entropy_mask > 0:
         p = view.probs.float()
         entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B] nats
@@ -76,7 +76,8 @@ def explore_multiplex(view: StepView) -> Mixture:
     if first is None:  # the action: the first draw from p' at a thinking step
         view = replace(view, token=torch.where(view.eligible, cand_ids[:, 0], view.token))
     mixture = mix_where(view, cand_ids, weights / weights.sum(-1, keepdim=True), view.eligible)
-    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold > 0 or first is None else None)
+    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold > 0 or first is None else None,
+                   extra=stopped)
 
 
 def joint_logp(logp: torch.Tensor, steps: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,5 +90,6 @@ STRATEGIES = {
     "multiplex": Strategy(explore_multiplex, "Multiplex Thinking's K sampled tokens merged, trained by their joint "
                           "log-probability (arXiv 2601.08808)", candidates=lambda x: x.multiplex_width,
                           knobs=(*KNOBS, *COLD_STOP, *NOISE), state=COLD_STOP_STATE, loss_logp=joint_logp,
+                          record=COLD_STOP_RECORD,
                           requires=(("loss", "grpo", "GSPO's sequence ratio has no per-token candidates"),)),
 }

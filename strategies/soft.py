@@ -46,6 +46,7 @@ NOISE = dict(
 )
 KNOBS = {**TOP_K, **GUMBEL_SOFTMAX, **COLD_STOP, **NOISE}
 COLD_STOP_STATE = (Field("low_entropy_steps", torch.long, pad=0),)  # Cold Stop's count of low-entropy steps
+COLD_STOP_RECORD = (Field("cold_stop", torch.bool, pad=False),)  # the step where Cold Stop forced </think>
 
 
 def top_k_candidates(exploration) -> int:
@@ -63,14 +64,15 @@ def soft_candidates(probs: torch.Tensor, top_k: int,
     return cand_ids, cand_probs / cand_probs.sum(-1, keepdim=True)
 
 
-def cold_stop(view: StepView) -> StepView:
+def cold_stop(view: StepView) -> tuple[StepView, dict[str, torch.Tensor]]:
     """Soft Thinking's Cold Stop (its sglang `Req.update_topk_info`): a thinking row counts its steps in a row whose
     entropy H(softmax(z / tau)) (nats, unfiltered) is under the threshold; the step that brings the count to
     early_stopping_length_threshold emits stop_mixing_id (</think>) in place of its sample, unmixed, and the count
-    restarts. The view with that action and those rows no longer eligible (off: the view itself)."""
+    restarts. The view with that action and those rows no longer eligible (off: the view itself), and the record
+    of the rows it stopped (COLD_STOP_RECORD)."""
     x = view.exploration
     if x.early_stopping_entropy_threshold <= 0:
-        return view
+        return view, {"cold_stop": torch.zeros_like(view.eligible)}
     probs = (view.raw.float() / view.temperature).softmax(-1)  # [B, V]
     entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
     low = view.state["low_entropy_steps"]  # [B], the slot's own counter: updated in place
@@ -78,7 +80,8 @@ def cold_stop(view: StepView) -> StepView:
     low.copy_(torch.where(view.eligible, counted, low))  # past thinking (or no row): kept, and never read
     stop = view.eligible & (low >= x.early_stopping_length_threshold)
     low.masked_fill_(stop, 0)
-    return replace(view, token=torch.where(stop, x.stop_mixing_id, view.token), eligible=view.eligible & ~stop)
+    return replace(view, token=torch.where(stop, x.stop_mixing_id, view.token), eligible=view.eligible & ~stop), \
+        {"cold_stop": stop}
 
 
 def dirichlet_probs(view: StepView) -> torch.Tensor:
@@ -96,9 +99,9 @@ def explore_soft(view: StepView) -> Mixture:
     """Soft Thinking: every thinking step feeds the top-k mixture of p, or of its Dirichlet draw (Cold Stop may end
     thinking)."""
     x = view.exploration
-    view = cold_stop(view)  # the action: the sample, or Cold Stop's </think>
+    view, stopped = cold_stop(view)  # the action: the sample, or Cold Stop's </think>
     mixture = mix_where(view, *soft_candidates(dirichlet_probs(view), x.soft_top_k, x.mix_temperature), view.eligible)
-    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold > 0 else None)
+    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold > 0 else None, extra=stopped)
 
 
 def explore_soft_gumbel(view: StepView) -> Mixture:
@@ -107,19 +110,20 @@ def explore_soft_gumbel(view: StepView) -> Mixture:
     from the row's GUMBEL stream; the record holds w (Cold Stop may end thinking; Dirichlet noise moves p first).
     """
     x = view.exploration
-    view = cold_stop(view)
+    view, stopped = cold_stop(view)
     cand_ids, q = soft_candidates(dirichlet_probs(view), x.soft_top_k)  # [B, K] each
     gumbel = -(-view.draws.uniform(GUMBEL, x.soft_top_k).log()).log()  # [B, K] float64
     weights = ((q.log() + gumbel.float()) / x.gumbel_temperature).softmax(-1)
     mixture = mix_where(view, cand_ids, weights, view.eligible)
-    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold else None)
+    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold else None, extra=stopped)
 
 
 STRATEGIES = {
     "soft": Strategy(explore_soft, "Soft Thinking's mixtures of the top tokens at every thinking step (arXiv "
                      "2505.15778)", candidates=top_k_candidates, knobs=(*TOP_K, *COLD_STOP, *NOISE),
-                     state=COLD_STOP_STATE),
+                     state=COLD_STOP_STATE, record=COLD_STOP_RECORD),
     "soft-gumbel": Strategy(explore_soft_gumbel, "Randomized Soft Thinking's Gumbel-softmax soft tokens (arXiv "
                             "2508.03440)", candidates=top_k_candidates,
-                            knobs=("soft_top_k", *GUMBEL_SOFTMAX, *COLD_STOP, *NOISE), state=COLD_STOP_STATE),
+                            knobs=("soft_top_k", *GUMBEL_SOFTMAX, *COLD_STOP, *NOISE), state=COLD_STOP_STATE,
+                            record=COLD_STOP_RECORD),
 }

@@ -12,7 +12,15 @@ where the model is uncertain, --mix-entropy-threshold): a clean ablation of wher
 from dataclasses import replace
 
 from strategies.base import FRACTION, Mixture, StepView, Strategy, mix_where, option
-from strategies.soft import COLD_STOP, COLD_STOP_STATE, TOP_K, cold_stop, soft_candidates, top_k_candidates
+from strategies.soft import (
+    COLD_STOP,
+    COLD_STOP_RECORD,
+    COLD_STOP_STATE,
+    TOP_K,
+    cold_stop,
+    soft_candidates,
+    top_k_candidates,
+)
 
 KNOBS = dict(
     router_confidence=option(0.5, "tau, the confidence a thinking step needs to be fed the soft mixture: its largest "
@@ -26,14 +34,15 @@ def explore_thinkrouter(view: StepView) -> Mixture:
     """A thinking step feeds the top-k mixture where max p reaches router_confidence, the sampled token elsewhere
     (Cold Stop may end thinking)."""
     x = view.exploration
-    view = cold_stop(view)
+    view, stopped = cold_stop(view)
     confident = view.probs.max(-1).values >= x.router_confidence  # [B]
     mixture = mix_where(view, *soft_candidates(view.probs, x.soft_top_k, x.mix_temperature), view.eligible & confident)
-    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold > 0 else None)
+    return replace(mixture, token=view.token if x.early_stopping_entropy_threshold > 0 else None, extra=stopped)
 
 
 STRATEGIES = {
     "thinkrouter": Strategy(explore_thinkrouter, "ThinkRouter's Soft Thinking where the model is confident, the "
                             "sampled token where it is not (arXiv 2602.11683)", candidates=top_k_candidates,
-                            knobs=(*TOP_K, *COLD_STOP, *KNOBS), state=COLD_STOP_STATE),
+                            knobs=(*TOP_K, *COLD_STOP, *KNOBS), state=COLD_STOP_STATE,
+                            record=COLD_STOP_RECORD),
 }

@@ -107,6 +107,42 @@ def test_each_row_is_paired_against_the_first_by_hand(tmp_path):
     assert -25.0 <= low <= expected <= high <= 50.0  # within the smallest and largest per-problem difference
 
 
+def test_token_counts_are_columns_and_each_gain_is_set_against_the_entropy_it_mixed(tmp_path):
+    """A sweep's "tokens" / "think_tokens" metrics: each problem's mean over its samples, in tokens (not percent),
+    paired like the accuracies; the entropy section lists each row's gain beside the mean mixed_entropy and
+    think/mixed_frac of its training runs' metrics.jsonl, and its figure is drawn."""
+    pytest.importorskip("matplotlib")
+    sweep = {"seeds": [0, 1], "metrics": ["mean@2", "think_tokens"], "eval": {"n": 2},
+             "runs": [{"name": "A", "model": "tiny"}, {"name": "B", "model": "tiny"}]}
+    jobs = X.plan(sweep, tmp_path)
+    think = {"A": [[4, 6], [10, 10]], "B": [[2, 2], [8, 12]]}  # problem -> its 2 samples' thinking tokens
+    right = {"A": [[True, False], [False, False]], "B": [[True, True], [True, False]]}
+    for job in jobs:
+        row = job["run"]
+        for evaluation in job["evals"]:
+            evaluation["dir"].mkdir(parents=True)
+            (evaluation["dir"] / "samples.jsonl").write_text("".join(json.dumps(
+                {"benchmark": "set", "problem_id": f"q{i}", "sample": s, "correct": right[row][i][s],
+                 "tokens": think[row][i][s] + 3, "think_tokens": think[row][i][s]}) + "\n"
+                for i in range(2) for s in range(2)))
+        job["dir"].mkdir(parents=True, exist_ok=True)
+        if row == "B":  # B mixed at entropies 0.2 and 0.4 (seed 0), 0.6 (seed 1); A never mixed
+            logged = [{"mixed_entropy": 0.2 + 0.2 * j + 0.4 * job["seed"], "think/mixed_frac": 0.5}
+                      for j in range(2 - job["seed"])]
+            (job["dir"] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    markdown, table = X.build_table(sweep, jobs, resamples=500, out_dir=tmp_path)
+    (tmp_path / "table.csv").write_text(table)
+    rows = table_rows(tmp_path)
+    assert float(rows[("A", "set", "think_tokens")]["mean"]) == pytest.approx(7.5)  # (5 + 10) / 2
+    assert float(rows[("B", "set", "think_tokens")]["mean"]) == pytest.approx(6.0)  # (2 + 10) / 2
+    assert "| A | 25.0 [" in markdown and "| 7.5 [" in markdown  # accuracy in percent, tokens as they are
+    line = next(line for line in markdown.splitlines() if line.startswith("- B - A (seeds 0 1): "))
+    assert "set think_tokens -1.5 [" in line and "set mean@2 +50.0 [" in line
+    entropy_row = next(line for line in markdown.splitlines() if line.startswith("| B | 0."))
+    assert entropy_row.startswith("| B | 0.400 | 0.500 | +50.0 [")  # (0.2 + 0.4 + 0.6) / 3
+    assert (tmp_path / "entropy_gain.png").stat().st_size > 0
+
+
 def test_a_directory_of_other_flags_is_not_reused(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

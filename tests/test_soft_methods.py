@@ -591,6 +591,7 @@ def test_cold_stop_ends_thinking_where_the_entropy_stayed_low_for_n_steps(cold_m
         assert [t for t, y in enumerate(ids) if y == THINK_END] == ([] if stop is None else [stop]), (row, ids)
         thinking = length if stop is None else stop
         assert result.mixed[row, :length].tolist() == [t < thinking for t in range(length)], row
+        assert result.cold_stop[row, :length].tolist() == [t == stop for t in range(length)], row  # its record
         if stop is not None:
             assert result.cand_ids[row, stop, 0] == THINK_END and result.cand_weights[row, stop, 0] == 1.0
             assert float(result.logprobs[row, stop]) == pytest.approx(float(forced), rel=1e-6)
