@@ -677,9 +677,9 @@ PRESETS: dict[str, dict] = {
     # The thinking testbed (docs/experiments.md): two-step problems whose worked solutions think, close the block
     # and answer, R1's shape (`5-3=2. 2*3=6.\n</think>\n\n\\boxed{6}`; </think> one token of the tiny
     # tokenizer), so that mixing stops at </think> and Cold Stop can end thinking as at full scale. Warm start to
-    # 40% (more room for RL than the demo's 60%), rollouts at temperature 1.
+    # 40% (more room for RL than the demo's 60%), 200 steps at temperature 1 (the soft-token authors' own).
     "demo-think": dict(_DEMO, out_dir="runs/demo-think", data="arith:difficulty=2,max_count=5,think=1",
-                       max_new_tokens=48, sft_target_accuracy=0.4),
+                       max_new_tokens=48, sft_target_accuracy=0.4, max_steps=200, eval_every=40),
 }
 
 

@@ -387,11 +387,15 @@ def extracted_answer(text: str, kind: str) -> str | None:
 
 
 def format_table(results: dict) -> str:
+    """Mean@n and pass@k in percent, then the mean tokens and thinking tokens of a sample where they were counted."""
     columns = [key for key in next(iter(results.values())) if key.startswith(("mean@", "pass@"))]
-    lines = [f"{'benchmark':<16}{'problems':>9}" + "".join(f"{c:>10}" for c in columns)]
+    counts = [c for c in ("tokens_mean", "think_tokens_mean") if any(c in row for row in results.values())]
+    lines = [f"{'benchmark':<16}{'problems':>9}" + "".join(f"{c:>10}" for c in columns)
+             + "".join(f"{c[:-5]:>13}" for c in counts)]
     for name, row in results.items():
         problems = str(row["problems"]) if "problems" in row else ""
-        lines.append(f"{name:<16}{problems:>9}" + "".join(f"{100 * row[c]:>10.1f}" for c in columns))
+        lines.append(f"{name:<16}{problems:>9}" + "".join(f"{100 * row[c]:>10.1f}" for c in columns)
+                     + "".join(f"{row[c]:>13.1f}" if c in row else " " * 13 for c in counts))
     return "\n".join(lines)
 
 

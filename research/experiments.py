@@ -17,7 +17,9 @@ only needs the command lines, so it works for any flags the two accept. A sweep 
                "evals": {"N-GRPO": {}, "N-GRPO + mixing at inference": {"explore": "neighbor"}}},
               {"name": "base model", "model": "tiny"}]}   # "model": evaluated as it is, no training
 
-A run's "evals" maps table rows to eval.py flag overrides (default: one row named as the run, no overrides).
+A run's "evals" maps table rows to eval.py flag overrides (default: one row named as the run, no overrides; {}: a
+run trained and never evaluated, e.g. the warm start the next runs start from). A text value's {seed} and {out} are
+the run's seed and the sweep's output directory (`"model": "{out}/warm-start/seed-{seed}/warm_start"`).
 An evaluation gets only the flags written for it, none taken from training: a sweep whose training changes
 the prompt (the demo preset's `instruction: ""`) says so in "eval" too (`"instruction": ""`, passed as
 `--instruction ''`), and eval.py warns in eval.log when a checkpoint was trained on another instruction.
@@ -66,11 +68,12 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=]+", "-", text).strip("-").lower()
 
 
-def flag_args(flags: dict) -> list[str]:
+def flag_args(flags: dict, **fields) -> list[str]:
     """{"mix_rate": 0.2, "refill": True, "benchmarks": ["a", "b"]} -> ["--mix-rate", "0.2", "--refill",
-    "--benchmarks", "a,b"]; False gives --no-FLAG."""
+    "--benchmarks", "a,b"]; False gives --no-FLAG. fields fill a text value's {name} (plan's {seed} and {out})."""
     args = []
     for name, value in flags.items():
+        value = value.format(**fields) if isinstance(value, str) and fields else value
         flag = "--" + name.replace("_", "-")
         if value is True:
             args.append(flag)
@@ -134,7 +137,7 @@ def plan(sweep: dict, out_dir: Path, *, write: bool = True) -> list[dict]:
             if "model" not in run:
                 preset = run.get("preset", sweep.get("preset"))
                 train = ([python, str(ROOT / "train.py")] + (["--preset", preset] if preset else [])
-                         + flag_args({**sweep.get("train", {}), **run.get("train", {})})
+                         + flag_args({**sweep.get("train", {}), **run.get("train", {})}, seed=seed, out=out_dir)
                          + ["--seed", str(seed), "--out-dir", str(run_dir)])
             evals = []
             for row, overrides in run.get("evals", {run["name"]: {}}).items():
@@ -142,7 +145,7 @@ def plan(sweep: dict, out_dir: Path, *, write: bool = True) -> list[dict]:
                 if "benchmarks" in flags:
                     flags["benchmarks"] = materialize_benchmarks(flags["benchmarks"], out_dir, write=write)
                 eval_dir = run_dir / f"eval-{slug(row)}"
-                command = ([python, str(ROOT / "eval.py")] + flag_args(flags)
+                command = ([python, str(ROOT / "eval.py")] + flag_args(flags, seed=seed, out=out_dir)
                            + ["--seed", str(seed), "--out-dir", str(eval_dir)])
                 evals.append({"row": row, "dir": eval_dir, "command": command})
             jobs.append({"run": run["name"], "seed": seed, "dir": run_dir, "train": train,

@@ -143,6 +143,22 @@ def test_token_counts_are_columns_and_each_gain_is_set_against_the_entropy_it_mi
     assert (tmp_path / "entropy_gain.png").stat().st_size > 0
 
 
+def test_a_run_trained_for_the_others_is_not_a_row_and_seed_and_out_fill_the_flags(tmp_path):
+    """`"evals": {}`: trained, never evaluated (the warm start the others start from); {seed} and {out} in a text
+    value become the run's seed and the sweep's directory, in train.py's and eval.py's flags."""
+    sweep = {"seeds": [3, 4], "train": {"model": "{out}/warm/seed-{seed}/warm_start"},
+             "eval": {"instruction": "s{seed}"},
+             "runs": [{"name": "warm", "train": {"model": "tiny"}, "evals": {}}, {"name": "B"}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(sweep))
+    jobs = X.plan(X.load_sweep(path), tmp_path / "out")
+    assert [(job["run"], job["seed"], len(job["evals"])) for job in jobs] == [("warm", 3, 0), ("warm", 4, 0),
+                                                                               ("B", 3, 1), ("B", 4, 1)]
+    assert jobs[0]["train"][jobs[0]["train"].index("--model") + 1] == "tiny"
+    assert jobs[3]["train"][jobs[3]["train"].index("--model") + 1] == str(tmp_path / "out" / "warm/seed-4/warm_start")
+    assert jobs[3]["evals"][0]["command"][jobs[3]["evals"][0]["command"].index("--instruction") + 1] == "s4"
+
+
 def test_a_directory_of_other_flags_is_not_reused(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
