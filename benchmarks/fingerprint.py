@@ -45,10 +45,13 @@ def weights_digest(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def metrics_digest(path: Path) -> str:
+def metrics_digest(path: Path, leave_out: tuple[str, ...] = ()) -> str:
+    """metrics.jsonl without timings, and without the keys that start with one of leave_out (metrics added since a
+    hash was taken: the ones it had must be unchanged)."""
     lines = []
     for line in path.read_text().splitlines():
-        record = {k: v for k, v in json.loads(line).items() if not k.endswith(TIMING_KEYS)}
+        record = {k: v for k, v in json.loads(line).items()
+                  if not k.endswith(TIMING_KEYS) and not (leave_out and k.startswith(leave_out))}
         lines.append(json.dumps(record, sort_keys=True))
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
@@ -71,7 +74,8 @@ def bench_fingerprint(args: argparse.Namespace) -> None:
             checkpoint = sorted((out / "checkpoints").iterdir())[-1]
             emit({"bench": "fingerprint", "run": name, "steps": args.steps,
                   "weights_sha256": weights_digest(checkpoint)[:16],
-                  "metrics_sha256": metrics_digest(out / "metrics.jsonl")[:16],
+                  "metrics_sha256": metrics_digest(out / "metrics.jsonl", tuple(filter(None,
+                                                                                      args.leave_out.split(","))))[:16],
                   "wall_s": round(time.perf_counter() - start, 1)})
 
 
@@ -79,4 +83,6 @@ def add_parser(subparsers) -> None:
     fingerprint = subparsers.add_parser("fingerprint", help="five tiny training runs hashed (weights, metrics): "
                                         "the same lines before and after a behaviour-preserving change")
     fingerprint.add_argument("--steps", type=at_least_1, default=3, help="training steps of each run")
+    fingerprint.add_argument("--leave-out", default="", help="metrics left out of the hash, by the start of their "
+                             "key, comma-separated (those added since the hash to compare with was taken)")
     fingerprint.set_defaults(run=bench_fingerprint)
