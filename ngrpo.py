@@ -551,7 +551,8 @@ def backward_minibatch(model, episodes: Episodes, cfg, world: World = World(), *
     if entropy_coef is not None:
         settings = replace(settings, entropy_coef=entropy_coef)
     totals: dict[str, float] = {}
-    finite, mismatch, sums = True, dict.fromkeys(MISMATCH_SUMS, 0.0), dict.fromkeys(("entropy", "mixed", "mixed_H"), 0.)
+    finite, mismatch = True, dict.fromkeys(MISMATCH_SUMS, 0.0)
+    sums = dict.fromkeys(("entropy", "mixed", "mixed_H"), 0.0)  # the entropy's sums: over all tokens, the mixed ones
     for index, real in micro_batches(episodes.rollout, cfg, world):
         micro = episodes.micro_batch(index)
         logp, entropy = replay(model, micro.rollout, cfg)
