@@ -14,7 +14,9 @@ keeps only boxes (a format-strict reward).
 '42'
 """
 
+import contextlib
 import itertools
+import json
 import re
 
 from grading.grader import normalize, undouble_backslashes, unwrap
@@ -158,7 +160,7 @@ def _candidates(response: str, reference: str = "", require_boxed: bool = False)
     response = _before_next_question(response, answer_start)
     if not require_boxed:
         tagged = _answer_tag(response, answer_start)
-        candidates = _candidates(tagged, reference) if tagged else []
+        candidates = [_computed_value(c) for c in _candidates(tagged, reference)] if tagged else []
         if candidates:
             return candidates
     spans = [span for span in box_spans(response) if not _is_placeholder(span[2])]
@@ -223,7 +225,16 @@ def _joins_alternatives(between: str) -> bool:
 
 
 _ALTERNATIVE_WORDS = {"or", "and", "either", "also", "maybe", "perhaps", "possibly"}
-_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
+# <answer>, as R1-Zero-style prompts ask, also spaced or in capitals (< answer >, <ANSWER>); open, it runs to the end
+_ANSWER_OPENING = re.compile(r"<\s*answer\s*>", re.I)
+_ANSWER_CLOSING = re.compile(r"<\s*/\s*answer\s*>", re.I)
+_MARKUP = re.compile(r"</?(?:b|strong|em|i|u|p|code|span|div|br|mark)\b[^<>]{0,40}>", re.I)  # <b>17</b>: 17
+# "answer": value, a JSON object's answer field (o1-class models asked for JSON); a string or a number
+_JSON_ANSWER = re.compile(r'"(?:final_answer|answer)"\s*:\s*("(?:[^"\\\n]|\\.){0,500}"'
+                          r'|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)')
+# what may close a response after its JSON answer field: the object's other plain fields, its closing, a code fence
+_JSON_END = re.compile(r'(?:\s*,\s*"[^"\n]{1,40}"\s*:\s*(?:"(?:[^"\\\n]|\\.){0,200}"|[-+.\deE]+|true|false|null))*'
+                       r'[\s,}\]`]*$')
 # what a template writes where the answer goes: \boxed{}, \boxed{[answer]}, \boxed{\text{your answer here}}
 _PLACEHOLDER = re.compile(r"(?:(?:your|the|my|final|insert|put|write|enter|correct)\s*)*answer(?:\s*here)?"
                           r"|(?:\.|…|\?|_|\\_|\\[lc]?dots|\\,|\s)*", re.I)
@@ -239,12 +250,40 @@ def _is_placeholder(content: str) -> bool:
 
 
 def _answer_tag(text: str, start: int) -> str | None:
-    """The content of the last <answer>...</answer> in text[start:] (to the end when it is left open)."""
-    opening = text.rfind("<answer>", start)
-    if opening < 0:
+    """The content of the last <answer>...</answer> in text[start:] (to the end when it is left open), without
+    the HTML emphasis around it; else the value of the last JSON "answer" field there. None for a placeholder."""
+    openings = list(_ANSWER_OPENING.finditer(text, start))
+    if openings:
+        closing = _ANSWER_CLOSING.search(text, openings[-1].end())
+        content = _MARKUP.sub("", text[openings[-1].end():closing.start() if closing else len(text)]).strip()
+    else:
+        content = _json_answer(text, start)
+    return None if content is None or _is_placeholder(content) else content
+
+
+# 8+(-6) = 2, 3/24 = 1/8: a computation in numbers alone; where it is what a response gives as its answer (an answer
+# tag or field holds it), its value is the last side (a check of an answer stated elsewhere is not one)
+_ARITHMETIC = re.compile(r"(?=.*\d)(?:[\d\s+\-*/^().,{}]|\\(?:[dt]?frac|cdot|times|div|sqrt|left|right))+")
+
+
+def _computed_value(answer: str) -> str:
+    """The last side of a computation given as the answer ("8+(-6)=2" -> "2"); any other answer as it is."""
+    sides = [side for side in (part.strip() for part in answer.split("=")) if side]
+    if len(sides) > 1 and len(sides) == answer.count("=") + 1 and all(map(_ARITHMETIC.fullmatch, sides[:-1])):
+        return sides[-1]
+    return answer
+
+
+def _json_answer(text: str, start: int) -> str | None:
+    """The value of a JSON "answer" field that closes text[start:] (only the object's own closing may follow it:
+    a field inside code, followed by more prose or a box, is not the response's answer)."""
+    fields = list(_JSON_ANSWER.finditer(text, start))
+    if not fields or not _JSON_END.fullmatch(text, fields[-1].end()):
         return None
-    content = _ANSWER_TAG.match(text, opening).group(1).strip()
-    return None if _is_placeholder(content) else content
+    content = fields[-1].group(1)
+    with contextlib.suppress(ValueError):  # a string's escapes ("\\frac" is \frac), or the number itself
+        content = str(json.loads(content))
+    return content.strip()
 
 
 def reference_answer(reference: str) -> str:

@@ -273,12 +273,14 @@ def normalize(answer: str) -> Answer:
 
 _DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")  # 1,000 never gets here: normalize() read it as 1000
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?(?:([aApP])[mM])?")
-_CHOICE = re.compile(r"\(([A-Ea-e])\)|([A-E])")  # (b) or B: a multiple-choice letter
+# (b) or B: a multiple-choice letter, A to J (MMLU-Pro's ten options; GPQA's four, AQuA's five)
+_CHOICE = re.compile(r"\(([A-Ja-j])\)|([A-J])")
 # A letter answer: the letter alone ("C", "(c)", "**C**"), or labelled and followed by its option's text
-# ("(C) 12", "C: 12"); the text may name no other option ("(A),(B)" is two answers).
-_CHOICE_ANSWER = re.compile(r"(?i:option|choice)?\**(?:\(([A-Ea-e])\)|([A-Ea-e]))\**"
-                            r"|(?:\(([A-Ea-e])\)|([A-E])[:)])(?![-+*/^,;=])(.+)")
-_OTHER_CHOICE = re.compile(r"(?<![A-Za-z\\])\(?[A-E]\)?(?![A-Za-z])")
+# ("(C) 12", "C: 12"); the text may name no other option ("(A),(B)" is two answers; a bare F to J in it may be
+# a unit, farad to joule, and is not read as an option).
+_CHOICE_ANSWER = re.compile(r"(?i:option|choice)?\**(?:\(([A-Ja-j])\)|([A-Ja-j]))\**"
+                            r"|(?:\(([A-Ja-j])\)|([A-J])[:)])(?![-+*/^,;=])(.+)")
+_OTHER_CHOICE = re.compile(r"(?<![A-Za-z\\])(?:\(?[A-E]\)?|\([F-J]\))(?![A-Za-z])")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'\-]*")
 _TRUTH_WORDS = {"yes": "true", "no": "false"}
 _FUNCTION_NAME = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?|log|ln|exp|sqrt|pi")

@@ -345,7 +345,7 @@ def _restates(value: str, output) -> bool:
 
 # Truth values and options stated in prose (read only for a reference of that kind: extract.candidate_answers)
 _TRUTH_VALUES = {"true": "True", "yes": "True", "false": "False", "no": "False"}
-_OPTION_REFERENCE = re.compile(r"\(([A-Fa-f])\)|([A-F])")
+_OPTION_REFERENCE = re.compile(r"\(([A-Ja-j])\)|([A-J])")
 _VERDICT_WORD = re.compile(r"\b(?:true|yes|correct|valid|false|no|incorrect|invalid|wrong)\b", re.I)
 _NEGATION = re.compile(r"\b(?:not|never|cannot|neither|nor)\b|n[’']t\b", re.I)
 # "it is not possible to determine", "not enough information", "it depends": no verdict, whatever the words
@@ -357,7 +357,7 @@ _NO_IDIOM = re.compile(r"\bno\s+(?:need|further|more|longer|loss|matter|doubt|ot
 _PERSONAL_NEGATION = re.compile(r"\b(?:we|i|you|let's|let\s+us|one)\b[^.;,]{0,20}?"
                                 r"(?:\bnot\b|\bcannot\b|\bnever\b|n[’']t\b)", re.I)
 _VERDICT_MARKUP = re.compile(r"\\(?:text\w*|mathrm|mbox|boxed)\s*|[{}$*_]")
-_OPTION_MENTION = re.compile(r"\b(?:option|choice)\s*(?:\(([A-Fa-f])\)|([A-F])\b)|\(([A-Fa-f])\)", re.I)
+_OPTION_MENTION = re.compile(r"\b(?:option|choice)\s*(?:\(([A-Ja-j])\)|([A-J])\b)|\(([A-Ja-j])\)", re.I)
 _OPTION_GAP = re.compile(r"\s*(?:,|/|\bor\b|\band\b)\s*(?:(?:option|choice)\s*)?", re.I)
 _OPTION_CUE_BEFORE = re.compile(r"\b(?:so|thus|therefore|hence|answer|correct|right|choose|pick|go with|select|is|be)"
                                 r"\W*$", re.I)

@@ -1,4 +1,4 @@
-"""Every common way to state an answer (issue 26; docs/reward.md): the unboxed forms RL and evaluation
+"""Every common way to state an answer (issues 26 and 62; docs/reward.md): the unboxed forms RL and evaluation
 data use, repeating decimals, stray trailing marks, and boxes that are not answers. Verdicts are decided
 by hand; where a case comes from another framework's format or tests, the comment names it."""
 
@@ -44,6 +44,45 @@ FORMS = {
         ("<think>x</think><answer>\\boxed{7}</answer>", "7", True),
         ("<think>I get 41.</think> <answer>42", "42", True),  # cut off before </answer>
         ("<think>I think 41, so \\boxed{41}.</think> <answer>42</answer>", "41", False),
+    ],
+    # The same format as RL rollouts write it (issue 62): the tag spaced, in capitals, or with HTML emphasis
+    # inside; a sentence or a worked computation in numbers ending in the value (the last side is the answer:
+    # 2+2=5 answers 5, and an equation in a variable is not a computation)
+    "<answer> tags as rollouts write them": [
+        ("<think>I count them.</think>\n< answer > 42 </ answer >", "42", True),
+        ("<think>I count them.</think>\n< answer > 42 </ answer >", "24", False),
+        ("<think>ok</think> <ANSWER>7</ANSWER>", "7", True),
+        ("<think>ok</think> <answer> <b>17</b> </answer>", "17", True),
+        ("<think>ok</think> <answer>**<strong>17</strong>**</answer>", "71", False),
+        ("<think>a_n = 4n - 2</think> <answer>Therefore, the 100th term is 402.</answer>", "402", True),
+        ("<think>sum</think> <answer>$8+(-6)=2$</answer>", "2", True),
+        ("<think>sum</think> <answer>$8+(-6)=2$</answer>", "14", False),
+        ("<think>so</think> <answer>$3/24 = 1/8$</answer>", "\\frac{1}{8}", True),
+        ("<think>so</think> <answer>$\\frac{3}{24} = \\frac{1}{8}$</answer>", "0.125", True),
+        ("<think>so</think> <answer>$2+2=5$</answer>", "4", False),  # the value given is 5
+        ("<think>so</think> <answer>$x+2=5$</answer>", "5", False),  # an equation, not a computation
+        ("<think>so</think> <answer>x = 4</answer>", "4", True),
+    ],
+    # An answer field of a JSON object that closes the response (o1-class models asked to answer in JSON; the
+    # closing code fence is not the answer); a field inside code that prose or a box follows is not the answer
+    "a JSON object's answer field": [
+        ('```json\n{"reasoning": "12 = 3 * 4", "answer": "12"}\n```', "12", True),
+        ('```json\n{"reasoning": "12 = 3 * 4", "answer": "12"}\n```', "13", False),
+        ('{"answer": 3.5, "confidence": 0.9}', "7/2", True),
+        ('{"answer": 3.5, "confidence": 0.9}', "0.9", False),
+        ('{"final_answer": "\\\\frac{1}{2}"}', "0.5", True),
+        ('Try d = {"answer": 3} in code.\nSo the result is \\boxed{5}.', "3", False),
+        ('Try d = {"answer": 3} in code.\nSo the result is \\boxed{5}.', "5", True),
+    ],
+    # Options up to J (MMLU-Pro's ten, TIGER-Lab/MMLU-Pro), each letter read alike in prose with parentheses;
+    # a second letter named is a hedge; a bare F to J after an option's text may be a unit (farad to joule)
+    "option letters A to J": [
+        *[(f"Comparing them, the answer is ({letter}).", letter, True) for letter in "ABCDEFGHIJ"],
+        ("Comparing them, the answer is (F).", "E", False),
+        ("Comparing them, the answer is (F).", "(f)", True),
+        ("The answer is (A) or (G).", "G", False),
+        ("\\boxed{(C) 12 J}", "C", True),
+        ("\\boxed{(C) or (H)}", "H", False),
     ],
     "the last sentence or an equation right after 'the answer is'": [
         ("Adding these gives the total. The answer is 18.", "18", True),
