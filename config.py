@@ -12,7 +12,6 @@ a plain dict of overrides; explicit flags override the preset. Each field is a c
 """
 
 import json
-import shlex
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from data import MATH_INSTRUCTION
 from estimators import ADVANTAGES, KL_ESTIMATORS
 from model import PROJECTIONS, projection_shapes, unknown_targets
 from strategies import KNOBS, STRATEGIES, Knobs
-from strategies.base import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, listing, option, problems, zero_is
+from strategies.base import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, ConfigError, listing, option, problems, zero_is
 
 NONEMPTY = (lambda v: v.strip() != "", "must not be empty")
 # AdamW moves each weight by about lr a step; past 1 the weights (~0.02) are gone at once (1e6 for
@@ -114,6 +113,17 @@ class Config(Knobs):
                                     "(each check raised, timed out or returned no finite number) "
                                     "for this many steps in a row (0 = never stop)",
                                     check=zero_is("never stop"))
+    judge: str = option("", "a second opinion after the rules (a model grader): f(response, reference) -> 1 / 0 as "
+                        "module:function or path/to/file.py:function, asked where the rules said 0, in time-bounded "
+                        "workers of its own (a judge that calls a model server; each worker may use 2 GB); its calls "
+                        "and flips are logged (docs/reward.md). Empty = none")
+    judge_timeout_s: float = option(30.0, "seconds one --judge call may take (past it the rules' verdict stands)",
+                                    check=POSITIVE)
+    judge_max_calls: int = option(0, "--judge calls per scored batch at most, the rest left to the rules (0 = no "
+                                  "cap)", check=zero_is("no cap"))
+    judge_both_orders: bool = option(False, "also ask f(reference, response): equal only when both orders say so "
+                                     "(NeMo Gym's math_with_judge)")
+    judge_positives: bool = option(False, "also ask --judge where the rules said 1 (it may then turn them to 0)")
 
     # --- the GRPO / PPO update
     loss: str = option("grpo", "grpo = token-level PPO ratio; gspo = sequence-level ratio "
@@ -444,27 +454,6 @@ def reading_order() -> list:
     return own[:at] + list(knobs) + own[at:]
 
 
-class ConfigError(ValueError):
-    """Settings out of range, one message per flag: `--save-every -1: must be >= 0 (0 = only at the
-    end)`. parse_config shows each value as it was typed (`describe(typed)`)."""
-
-    def __init__(self, problems: list[tuple[str, object, str]]):  # (field, its value, what it must be)
-        self.problems = problems
-        super().__init__(self.describe({}))
-
-    def describe(self, typed: dict[str, str]) -> str:
-        return "; ".join(f"--{'' if value is not False else 'no-'}{name.replace('_', '-')}"
-                         f"{'' if isinstance(value, bool) else ' ' + typed.get(name, shown(value))}: {message}"
-                         for name, value, message in self.problems)
-
-
-def shown(value) -> str:
-    """A value as one would type it on a command line (bytes that are not text shown as escapes)."""
-    if not isinstance(value, str):
-        return str(value)
-    return shlex.quote(value.encode("utf-8", "backslashreplace").decode("utf-8"))
-
-
 # ----------------------------------------------------------------------------- which flag needs which
 
 
@@ -536,6 +525,8 @@ def method_knobs() -> dict[str, dict[str, tuple[str, ...]]]:
             "adv_estimator": {name: estimator.knobs for name, estimator in ADVANTAGES.items()}}
 
 
+JUDGE = ("judge", "judge_timeout_s", "judge_max_calls", "judge_both_orders", "judge_positives")  # --judge's flags
+
 # Flags that do something only with another setting (beyond the methods' knobs, method_knobs): given
 # on the command line (with a value other than the default) without it, they are refused rather than
 # silently ignored.
@@ -559,6 +550,7 @@ IDLE_WITHOUT = {
     "eval_data": (lambda c: c.eval_problems > 0, "--eval-problems N (how many of its problems to score)"),
     "eval_every": (lambda c: c.eval_problems > 0, "--eval-problems N"),
     "sft_target_accuracy": (lambda c: c.sft_steps > 0, "--sft-steps N (the warm start it may stop early)"),
+    **dict.fromkeys(JUDGE[1:], (lambda c: bool(c.judge), "--judge")),
     **dict.fromkeys(("lora_alpha", "lora_dropout", "lora_targets"), (lambda c: c.lora_rank > 0,
                                                                      "--lora-rank N")),
 }

@@ -48,6 +48,7 @@ from runtime import cli, distributed, guard, lora, tracking
 from runtime.checkpoint import checkpoint_dirs, newest_intact
 from runtime.diagnostics import think_end_id, token_counts, token_efficiency
 from runtime.distributed import World
+from runtime.plan import auto_batch_size
 from strategies import STRATEGIES
 
 # What marks a training run's --out-dir given as eval.py --model (checkpoint_of_run).
@@ -399,24 +400,13 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def auto_batch_size(model, max_len: int, num_items: int) -> int:
-    """As many sequences as fit in half the free GPU memory as KV cache (16 on a CPU)."""
-    if model.embed_tokens.weight.device.type != "cuda":
-        return min(16, num_items)
-    cfg = model.cfg
-    element_bytes = model.embed_tokens.weight.element_size()
-    bytes_per_seq = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_len * element_bytes
-    free, _ = torch.cuda.mem_get_info()
-    return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))
-
-
 # The Config fields eval.py shares with train.py (same flags, same help, same validation): every
 # method's knobs but the table refresh, which needs optimizer steps; and the defaults of the paper's
 # evaluation protocol where they differ from training's.
 EVAL_FIELDS = ("model", "tokenizer", "instruction", "max_new_tokens", "temperature", "top_p", "top_k", "min_p",
                "explore", *config.THINKING, *(name for name in config.KNOBS if name != "neighbor_refresh"),
                "seed", "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "grader", "reward",
-               "require_boxed", "rel_tol", "reward_timeout_s")
+               "require_boxed", "rel_tol", "reward_timeout_s", *config.JUDGE)
 EVAL_DEFAULTS = dict(temperature=0.6, top_p=0.95, explore="none", out_dir="runs/eval")
 # eval.py's own words for the shared flags (and section titles) whose training help would mislead
 # here.
@@ -441,7 +431,7 @@ EVAL_HELP = {
 # What results.json's numbers depend on: a --resume with any of these changed would mix two
 # evaluations.
 RESULT_SETTINGS = ("benchmarks", "limit", "n", *(name for name in EVAL_FIELDS if name not in (
-    "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "reward_timeout_s")))
+    "out_dir", "resume", "overwrite", "device", "dist_timeout_s", "reward_timeout_s", "judge_timeout_s")))
 # What an out-dir written before a setting was recorded holds: eval.py then always used the paper's
 # instruction; any other setting it does not hold (the sampling settings from min_p on were recorded
 # from 2026-11-28; a knob added since) was at its default.
@@ -634,8 +624,7 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
     try:
         device = world.device if world.distributed else resolve_device(cfg.device)
         settings = settings_of(args, cfg)
-        pools = {tol: reward.RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
-                                        timeout_s=cfg.reward_timeout_s, rel_tol=tol)
+        pools = {tol: reward.RewardPool.of(cfg, rel_tol=tol)
                  for tol in {benchmark_rel_tol(name, settings["rel_tol"]) for name in args.benchmarks.split(",")}}
         if world.is_main:
             if args.model_note:
@@ -676,16 +665,22 @@ def run(args: argparse.Namespace, cfg: config.Config, world: World) -> dict:
         (out_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     generate_fn = sampler_fn(model, tokenizer, sampling, exploration, table, progress=world.is_main)
     tolerance = {name: benchmark_rel_tol(name, settings["rel_tol"]) for name, _, _ in prompted}
-    scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed, "rel_tol": tolerance}
+    scored_by = {"grader": cfg.grader, "reward": cfg.reward, "require_boxed": cfg.require_boxed, "rel_tol": tolerance,
+                 **{name: getattr(cfg, name) for name in config.JUDGE if cfg.judge}}
     with contextlib.ExitStack() as closing, guard.StopOnSignals("this batch (every finished sample is kept)") as stop:
         for pool in pools.values():
             closing.enter_context(pool)
         results = evaluate(prompted, generate_fn, n=args.n, out_dir=out_dir, batch_size=batch_size,
                            seed=cfg.seed, resume=cfg.resume, world=world, scored_by=scored_by, stop=stop,
                            score_fn=lambda pairs, kind, name: pools[tolerance[name]].score(pairs, kind=kind))
-        failed = distributed.sum_across({"errors": sum(p.errors for p in pools.values()),
-                                         "timeouts": sum(p.timeouts for p in pools.values())}, world)
+        counts = [pool.counts() for pool in pools.values()]
+        failed = distributed.sum_across({key: sum(c[key] for c in counts) for key in counts[0]}, world)
     if world.is_main:
+        if cfg.judge:  # its calls and flips over every benchmark and rank, in results.json beside the grader's settings
+            judged = {key: int(value) for key, value in failed.items() if key.startswith("judge")}
+            record = json.loads((out_dir / "results.json").read_text())
+            (out_dir / "results.json").write_text(json.dumps({**record, "judge": judged}, indent=2) + "\n")
+            print("judge: " + ", ".join(f"{key[6:]} {value}" for key, value in judged.items()))
         if failed["errors"] or failed["timeouts"]:
             last = next((p.last_error for p in pools.values() if p.last_error), "on another rank")
             print(f"warning: {failed['errors']:.0f} reward error(s) and {failed['timeouts']:.0f} timeout(s) scored 0 "

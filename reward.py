@@ -59,7 +59,7 @@ def is_equiv(prediction: str, reference: str, *, timeout: float = 5.0) -> bool:
     (True, False, False)
     """
     prediction, reference = _text(prediction), _text(reference)
-    return _shared_pool().judge([([_answer_of(prediction)], reference_answer(reference))], timeout)[0]
+    return _shared_pool().equal([([_answer_of(prediction)], reference_answer(reference))], timeout)[0]
 
 
 def math_reward(response: str, reference: str) -> float:

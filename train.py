@@ -120,6 +120,7 @@ class Groups:
     score_s: float
     reward_errors: int = 0  # checks that failed (a --reward function raised, died or returned no number)
     reward_timeouts: int = 0  # checks that ran past --reward-timeout-s
+    judge: dict = field(default_factory=dict)  # --judge: its calls, flips, capped pairs, errors, timeouts
 
 
 # ----------------------------------------------------------------------------- the step loop
@@ -242,7 +243,7 @@ def collect_groups(r: Run, step: int) -> Groups:
     Under torchrun the calls are dealt to the ranks and every rank ends with the whole step."""
     cfg = r.cfg
     rows, texts, answers, rollouts, scores, groups_kept, rollout_s, score_s = [], [], [], [], [], 0, 0.0, 0.0
-    failed_before = {"errors": r.pool.errors, "timeouts": r.pool.timeouts}
+    counted_before = r.pool.counts()
     while True:
         batch_rows = [p for p in r.batcher.next_batch() for _ in range(cfg.group_size)]  # G rows per prompt
         r.sampler.eval()  # bf16 on GPU: generate runs it as it is, without autocast
@@ -264,11 +265,11 @@ def collect_groups(r: Run, step: int) -> Groups:
         kept = keep_groups(scores, cfg.group_size, cfg.filter_groups).nonzero()[:, 0][: cfg.prompts_per_step]
         index = [int(g) * cfg.group_size + j for g in kept for j in range(cfg.group_size)]
         trained, trained_rewards = rollout.select(index), rewards[index]
-    failed = distributed.sum_across({k: getattr(r.pool, k) - v for k, v in failed_before.items()}, r.world)
+    counted = distributed.sum_across({k: v - counted_before[k] for k, v in r.pool.counts().items()}, r.world)
     return Groups(rows=rows, texts=texts, answers=answers, rollout=rollout, scores=scores, rewards=rewards,
                   trained=trained, trained_rewards=trained_rewards, draws=len(rollouts), groups_kept=groups_kept,
-                  rollout_s=rollout_s, score_s=score_s, reward_errors=int(failed["errors"]),
-                  reward_timeouts=int(failed["timeouts"]))
+                  rollout_s=rollout_s, score_s=score_s, reward_errors=int(counted.pop("errors")),
+                  reward_timeouts=int(counted.pop("timeouts")), judge={k: int(v) for k, v in counted.items()})
 
 
 def check_scored(r: Run, groups: Groups, step: int, scoreless_in_a_row: int) -> int:
@@ -353,7 +354,7 @@ def step_metrics(r: Run, step: int, groups: Groups, result: dict, skipped: int, 
         # The sampler-vs-policy mismatch and what --rollout-is did with it, on every step (0 when none was trained).
         **{key: result.get(key, 0.0) for key in MISMATCH_METRICS},
         "skipped_minibatches": skipped, "prompts_dropped": r.summary["prompts_dropped"],
-        "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts,
+        "reward_errors": groups.reward_errors, "reward_timeouts": groups.reward_timeouts, **groups.judge,
         # How different a group's responses are (docs/experiments.md): the answers the reward read, compared by our
         # grader's exact rules in this process (no second trip to its workers), or as strings when the reward is
         # math-verify's or the user's.
@@ -430,7 +431,7 @@ def validate(r: Run, step: int) -> dict:
     sampling = replace(r.sampling, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=0)
     items = sum(len(problems) for _, problems, _ in r.val_sets) * cfg.val_n
     longest = max(len(p["prompt_ids"]) for _, problems, _ in r.val_sets for p in problems)
-    batch_size = cfg.rollout_batch_size or evaluation.auto_batch_size(r.sampler, longest + cfg.max_new_tokens,
+    batch_size = cfg.rollout_batch_size or plan.auto_batch_size(r.sampler, longest + cfg.max_new_tokens,
                                                                       items)
     batch_size = distributed.broadcast_object(batch_size, r.world)  # rank 0's: the batches must agree
     r.sampler.eval()
@@ -597,8 +598,7 @@ def setup(cfg: Config, world: distributed.World, out_dir: Path) -> Run:
         benchmarks = evaluation.load_benchmarks(cfg.val_data, cfg.val_limit or None, flag="--val-data")  # [] if none
         val_sets = evaluation.render_prompts(benchmarks, tokenizer, cfg.instruction)
         exploration = exploration_from_config(cfg, tokenizer)
-        pool = RewardPool(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
-                          timeout_s=cfg.reward_timeout_s, rel_tol=cfg.rel_tol)
+        pool = RewardPool.of(cfg)
         check_report_to(cfg.report_to)
     except (ImportError, ValueError) as error:  # a bad --val-data, strategy setting or --reward; a package missing
         raise RunError(str(error)) from None

@@ -8,7 +8,8 @@ of a killed one. A worker imports only grading/ and sympy (~0.5 s), and killing 
 it is stuck in. Pairs that our fast exact paths decide never leave the calling process.
 
 What a worker computes is ours (grading/grader.py), math-verify's, or the user's own function
-`f(response, reference) -> float` ("module:function" or "path/to/file.py:function", TRL's reward_funcs).
+`f(response, reference) -> float` ("module:function" or "path/to/file.py:function", TRL's reward_funcs). A judge
+(`--judge`, the same kind of function, a model grader behind it) is asked after the rules in workers of its own.
 """
 
 import atexit
@@ -46,31 +47,32 @@ GROW_AFTER_S = 0.5
 # ----------------------------------------------------------------------------------------------------
 # What a worker computes: ours, math-verify, or the user's function
 
-def load_reward_function(spec: str):
-    """The function named by "package.module:function" or "path/to/file.py:function"."""
+def load_reward_function(spec: str, flag: str = "--reward"):
+    """The function named by "package.module:function" or "path/to/file.py:function" (flag: the option that named
+    it, for the messages)."""
     location, _, name = spec.rpartition(":")
     if not location or not name:
-        raise ValueError(f"--reward must be 'module:function' or 'path/to/file.py:function', not {spec!r}")
+        raise ValueError(f"{flag} must be 'module:function' or 'path/to/file.py:function', not {spec!r}")
     if location.endswith(".py"):
         path = Path(location).resolve()
         if not path.is_file():
-            raise ValueError(f"--reward: no file {path}")
+            raise ValueError(f"{flag}: no file {path}")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
         except Exception as error:  # noqa: BLE001 - a syntax error, an import that fails: the file's, in one line
             where = f"{path}:{error.lineno}" if isinstance(error, SyntaxError) and error.lineno else str(path)
-            raise ValueError(f"--reward: {where}: {type(error).__name__}: {error}") from None
+            raise ValueError(f"{flag}: {where}: {type(error).__name__}: {error}") from None
     else:
         try:
             module = importlib.import_module(location)
         except ImportError as error:
-            raise ValueError(f"--reward: cannot import {location!r} ({error}); run from the directory that "
+            raise ValueError(f"{flag}: cannot import {location!r} ({error}); run from the directory that "
                              "holds it or give a path/to/file.py") from error
     function = getattr(module, name, None)
     if not callable(function):
-        raise ValueError(f"--reward: {location!r} has no function {name!r}")
+        raise ValueError(f"{flag}: {location!r} has no function {name!r}")
     return function
 
 
@@ -233,13 +235,23 @@ class RewardPool:
     only \\boxed answers count (a format-strict reward). rel_tol: our grader's relative tolerance on numbers,
     a benchmark's published rule (0.0, exact, unless an evaluation asks; docs/reward.md).
 
+    judge: a second opinion after the rules, "module:function" or "path/to/file.py:function", f(response,
+    reference) -> 1 / 0 (a verdict >= 0.5 says equal), asked only where the rules said 0 (and where they said 1
+    with judge_positives), at most judge_max_calls pairs a batch (0 = all), each call within judge_timeout_s in
+    its own workers; judge_both_orders also asks f(reference, response), and a pair is judged equal only when both
+    say so (NeMo Gym's math_with_judge asks both orders). A call that fails leaves the rules' verdict. Counted in
+    judge_calls, judge_flips (verdicts changed), judge_capped (pairs left to the rules by the cap), judge_errors,
+    judge_timeouts (`counts()`); its first failure is printed, as a reward function's is.
+
     >>> with RewardPool(num_workers=2, timeout_s=5.0) as pool:
     ...     pool.score([("... so \\\\boxed{\\\\frac{1}{2}}", "0.5"), ("... so \\\\boxed{2}", "3")])
     [1.0, 0.0]
     """
 
     def __init__(self, num_workers: int | None = None, timeout_s: float = 5.0, grader: str = "ours",
-                 reward_fn: str = "", require_boxed: bool = False, rel_tol: float = 0.0):
+                 reward_fn: str = "", require_boxed: bool = False, rel_tol: float = 0.0, judge: str = "",
+                 judge_timeout_s: float = 30.0, judge_max_calls: int = 0, judge_both_orders: bool = False,
+                 judge_positives: bool = False, role: str = "reward"):
         if grader not in GRADERS:
             raise ValueError(f"grader must be one of {GRADERS}, not {grader!r}")
         if not (math.isfinite(rel_tol) and 0.0 <= rel_tol < 1.0):
@@ -247,13 +259,18 @@ class RewardPool:
         if grader == "math-verify" and not reward_fn and importlib.util.find_spec("math_verify") is None:
             raise ValueError("--grader math-verify needs the math-verify package: pip install math-verify")
         if reward_fn:
-            load_reward_function(reward_fn)  # a bad spec fails here, with its message, not in every worker
+            load_reward_function(reward_fn, f"--{role}")  # a bad spec fails here, with its message, not in workers
             if reward_fn.partition(":")[0].endswith(".py"):
                 path, _, name = reward_fn.rpartition(":")
                 reward_fn = f"{Path(path).resolve()}:{name}"
         self.num_workers = num_workers or min(8, os.cpu_count() or 1)
         self.timeout_s = timeout_s
         self.grader, self.reward_fn, self.require_boxed, self.rel_tol = grader, reward_fn, require_boxed, rel_tol
+        self.role = role
+        self.judge = RewardPool(num_workers, judge_timeout_s, reward_fn=judge, role="judge") if judge else None
+        self.judge_max_calls, self.judge_both_orders, self.judge_positives = (judge_max_calls, judge_both_orders,
+                                                                              judge_positives)
+        self.judge_calls = self.judge_flips = self.judge_capped = 0
         # the workers import a user's module from wherever this process can
         self._command = _worker_command({"grader": grader, "reward_fn": reward_fn, "rel_tol": rel_tol,
                                          "sys_path": sys.path})
@@ -265,6 +282,16 @@ class RewardPool:
         self._failures: list[tuple] = []  # (pair index, message, traceback, timed out) of the batch running
         self._grown_at = 0.0  # when the batch running began, or the pool last started a worker for it
         _live_pools.add(self)
+
+    @classmethod
+    def of(cls, cfg, **overrides) -> "RewardPool":
+        """The pool a run's settings describe (a config.Config: --grader, --reward, --require-boxed, --rel-tol,
+        --reward-timeout-s and --judge's); overrides: eval.py's rel_tol per benchmark."""
+        settings = dict(grader=cfg.grader, reward_fn=cfg.reward, require_boxed=cfg.require_boxed,
+                        timeout_s=cfg.reward_timeout_s, rel_tol=cfg.rel_tol, judge=cfg.judge,
+                        judge_timeout_s=cfg.judge_timeout_s, judge_max_calls=cfg.judge_max_calls,
+                        judge_both_orders=cfg.judge_both_orders, judge_positives=cfg.judge_positives)
+        return cls(**{**settings, **overrides})
 
     def score(self, pairs: list[tuple[str, str]], kind: str = "math") -> list[float]:
         """A reward per (response, reference): kind "math" (final answer vs reference answer) or "choice"
@@ -282,16 +309,48 @@ class RewardPool:
             candidates = [candidate_answers(response, reference, self.require_boxed) for response, reference in pairs]
             self.answers = [found[0] if found else None for found in candidates]
             jobs = [(found, reference_answer(reference)) for found, (_, reference) in zip(candidates, pairs)]
-            scores = [float(equal) for equal in self.judge(jobs, self.timeout_s)]
+            scores = [float(equal) for equal in self.equal(jobs, self.timeout_s)]
+        if self.judge is not None:
+            scores = self._judged(pairs, scores)
         if self.require_boxed:  # whoever grades, an answer without a box scores 0
             scores = [score if box_spans(response) else 0.0 for score, (response, _) in zip(scores, pairs)]
         return scores
 
-    def judge(self, jobs: list[tuple[list[str], str]], timeout_s: float) -> list[bool]:
+    def _judged(self, pairs: list[tuple[str, str]], scores: list[float]) -> list[float]:
+        """The scores after the judge's second opinion (see the class)."""
+        asked = [index for index, score in enumerate(scores) if score <= 0 or self.judge_positives]
+        if self.judge_max_calls and len(asked) > self.judge_max_calls:
+            self.judge_capped += len(asked) - self.judge_max_calls
+            asked = asked[: self.judge_max_calls]
+        jobs = [pairs[index] for index in asked]
+        jobs += [(reference, response) for response, reference in jobs] * self.judge_both_orders
+        if not jobs:
+            return scores
+        verdicts = self.judge.score(jobs)
+        failed = {failure[0] % len(asked) for failure in self.judge._failures}  # either order's call
+        self.judge_calls += len(jobs)
+        scores = list(scores)
+        for k, index in enumerate(asked):
+            if k not in failed:
+                equal = all(verdicts[j] >= 0.5 for j in range(k, len(jobs), len(asked)))
+                self.judge_flips += float(equal) != scores[index]
+                scores[index] = float(equal)
+        return scores
+
+    def counts(self) -> dict[str, int]:
+        """What the pool has counted so far: errors, timeouts and, with a judge, its calls, flips, capped pairs,
+        errors and timeouts (a step or an evaluation reports the difference)."""
+        counts = {"errors": self.errors, "timeouts": self.timeouts}
+        if self.judge is not None:
+            counts.update(judge_calls=self.judge_calls, judge_flips=self.judge_flips, judge_capped=self.judge_capped,
+                          judge_errors=self.judge.errors, judge_timeouts=self.judge.timeouts)
+        return counts
+
+    def equal(self, jobs: list[tuple[list[str], str]], timeout_s: float) -> list[bool]:
         """For each (candidate answers, reference answer): whether any candidate equals the reference by
         our grader (a pool with grader "ours" and no reward_fn)."""
         if self.reward_fn or self.grader != "ours":
-            raise ValueError(f"judge() is our grader's; this pool scores with {self.reward_fn or self.grader}")
+            raise ValueError(f"equal() is our grader's; this pool scores with {self.reward_fn or self.grader}")
         scores = [0.0] * len(jobs)
         hard = []
         for index, ((candidates, reference), fast) in enumerate(zip(jobs, self.fast_verdicts(jobs))):
@@ -411,7 +470,8 @@ class RewardPool:
         """Counts a check that gave no score; prints the first failure of a user's function in full."""
         name = self.reward_fn or f"grader {self.grader}"
         if self.reward_fn and not self.errors + self.timeouts:
-            print(f"warning: reward {name}: {message} (scored 0; further failures are counted, not "
+            outcome = "the rules' verdict stands" if self.role == "judge" else "scored 0"
+            print(f"warning: {self.role} {name}: {message} ({outcome}; further failures are counted, not "
                   f"printed)\n{detail}".rstrip(), file=sys.stderr, flush=True)
         self.errors, self.timeouts = self.errors + (not timed_out), self.timeouts + timed_out
         self.last_error = f"{name}: {message}"
@@ -437,6 +497,8 @@ class RewardPool:
         """Release the workers (idempotent): the idle ones of a grader (not of a user's reward_fn) wait for the
         next pool of the same settings in this process (up to num_workers of them), the others are stopped; all
         end at exit, or when this process dies (their input closes)."""
+        if self.judge is not None:
+            self.judge.close()
         with self._lock:
             for worker in self._workers:
                 self._selector.unregister(worker.process.stdout)

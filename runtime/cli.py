@@ -12,9 +12,9 @@ import sys
 import textwrap
 from dataclasses import asdict, fields, replace
 
-from config import PRESETS, Config, ConfigError, idle_flags, method_knobs, preset, reading_order, shown
+from config import PRESETS, Config, ConfigError, idle_flags, method_knobs, preset, reading_order
 from runtime.plan import print_plan
-from strategies.base import is_text
+from strategies.base import is_text, shown
 
 # First field of each section of --help -> the section's title.
 SECTIONS = {"model": "model and data", "prompts_per_step": "rollouts",

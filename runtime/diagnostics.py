@@ -24,12 +24,12 @@ NGRAM_ORDERS = (1, 2, 3, 4)
 
 
 def _verdicts(pairs: list[tuple[str, str]], same) -> list[bool]:
-    """same(a, b) for each pair: `same` is a callable, or a RewardPool-like object whose judge() checks a
+    """same(a, b) for each pair: `same` is a callable, or a RewardPool-like object whose equal() checks a
     batch in its worker processes (bounded time), or None for equality of the stripped strings."""
     if same is None:
         return [a.strip() == b.strip() for a, b in pairs]
-    if hasattr(same, "judge"):
-        return same.judge([([a], b) for a, b in pairs], getattr(same, "timeout_s", 5.0))
+    if hasattr(same, "equal"):
+        return same.equal([([a], b) for a, b in pairs], getattr(same, "timeout_s", 5.0))
     return [bool(same(a, b)) for a, b in pairs]
 
 
@@ -40,7 +40,7 @@ class FastRules:
 
     pool: object  # a RewardPool of our grader
 
-    def judge(self, jobs: list[tuple[list[str], str]], timeout_s: float = 0.0) -> list[bool]:
+    def equal(self, jobs: list[tuple[list[str], str]], timeout_s: float = 0.0) -> list[bool]:
         return [True in verdicts for verdicts in self.pool.fast_verdicts(jobs)]
 
 

@@ -459,3 +459,14 @@ def print_plan(cfg, *, gpus: int | None = None, gpu_gb: float | None = None) -> 
     print(refusal(cfg, mc, plan))
     return 1
 
+
+def auto_batch_size(model, max_len: int, num_items: int) -> int:
+    """Rows decoded at once when none is asked for (eval.py's --batch-size, a validation): as many sequences
+    as fit in half the free GPU memory as KV cache (16 on a CPU)."""
+    if model.embed_tokens.weight.device.type != "cuda":
+        return min(16, num_items)
+    cfg = model.cfg
+    element_bytes = model.embed_tokens.weight.element_size()
+    bytes_per_seq = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_len * element_bytes
+    free, _ = torch.cuda.mem_get_info()
+    return max(1, min(num_items, int(0.5 * free / bytes_per_seq)))

@@ -16,6 +16,7 @@ Also here: `mixed_embeddings` (the one formula for a fed mixture, sampler and re
 """
 
 import math
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -78,6 +79,27 @@ def problems(settings) -> list[tuple[str, str]]:
         elif meta.get("check") and not meta["check"][0](value):
             found.append((f.name, meta["check"][1]))
     return found
+
+
+class ConfigError(ValueError):
+    """Settings out of range, one message per flag: `--save-every -1: must be >= 0 (0 = only at the
+    end)`. parse_config shows each value as it was typed (`describe(typed)`)."""
+
+    def __init__(self, problems: list[tuple[str, object, str]]):  # (field, its value, what it must be)
+        self.problems = problems
+        super().__init__(self.describe({}))
+
+    def describe(self, typed: dict[str, str]) -> str:
+        return "; ".join(f"--{'' if value is not False else 'no-'}{name.replace('_', '-')}"
+                         f"{'' if isinstance(value, bool) else ' ' + typed.get(name, shown(value))}: {message}"
+                         for name, value, message in self.problems)
+
+
+def shown(value) -> str:
+    """A value as one would type it on a command line (bytes that are not text shown as escapes)."""
+    if not isinstance(value, str):
+        return str(value)
+    return shlex.quote(value.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- what a step sees, feeds, records

@@ -175,7 +175,7 @@ def test_the_reward_workers_are_not_in_the_programs_process_group():
     """What makes the test above hold: a signal to the program's group does not reach its grading workers, which
     end with the program instead (their input closes)."""
     with RewardPool(num_workers=1, timeout_s=5.0) as pool:
-        pool.judge([(["x+1"], "1+x")], 5.0)  # undecided by the fast rules: starts a worker
+        pool.equal([(["x+1"], "1+x")], 5.0)  # undecided by the fast rules: starts a worker
         workers = [worker.process.pid for worker in pool._workers]
         assert workers and all(os.getpgid(pid) != os.getpgid(0) for pid in workers)
 

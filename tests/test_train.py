@@ -271,7 +271,7 @@ def test_a_step_sends_its_answers_to_the_reward_workers_once(tmp_path, monkeypat
     monkeypatch.setattr(tokenizer_class, "batch_decode", lambda self, ids, **kwargs:
                         [f"so {answers[i % len(answers)]}" for i in range(len(ids))])
     phase, calls = ["other"], []
-    for method in ("score", "judge", "_run_all"):
+    for method in ("score", "equal", "_run_all"):
         real = getattr(RewardPool, method)
         monkeypatch.setattr(RewardPool, method, lambda self, *a, _real=real, _name=method, **k:
                             calls.append((phase[0], _name)) or _real(self, *a, **k))
@@ -290,7 +290,7 @@ def test_a_step_sends_its_answers_to_the_reward_workers_once(tmp_path, monkeypat
     assert [name for where, name in calls if where == "step_metrics"] == []
     scored = [name for where, name in calls if where == "collect_groups"]
     assert scored.count("score") == 2  # one batch of responses a step (no refill), each scored once
-    assert scored.count("judge") <= 2 and scored.count("_run_all") <= 2  # at most one trip to the workers each
+    assert scored.count("equal") <= 2 and scored.count("_run_all") <= 2  # at most one trip to the workers each
 
 
 def test_outputs_of_a_run(tmp_path):
