@@ -397,8 +397,8 @@ def _answer_string(answer) -> str:
 
 def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
     """The format corpus scored by ours and by math-verify (in our pool: same timeout); agreement overall and
-    by kind, each grader's accuracy against the expected verdicts, false positives, and every
-    disagreement on stderr."""
+    by kind, each grader's accuracy against the expected verdicts, false positives, precision and recall (of the
+    pairs expected equal), and every disagreement on stderr."""
     if importlib.util.find_spec("math_verify") is None:
         note("math-verify is not installed (pip install math-verify): skipping the agreement check")
         return
@@ -425,8 +425,12 @@ def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
     by_kind = {}
     for (kind, response, reference, expected), ours, theirs in zip(cases, scores["ours"], scores["math-verify"]):
         row = by_kind.setdefault(kind, {"pairs": 0, "agree": 0, "ours_right": 0, "math_verify_right": 0,
-                                        "ours_false_positives": 0, "math_verify_false_positives": 0})
+                                        "ours_false_positives": 0, "math_verify_false_positives": 0, "positives": 0,
+                                        "ours_true_positives": 0, "math_verify_true_positives": 0})
         row["pairs"] += 1
+        row["positives"] += bool(expected)
+        row["ours_true_positives"] += ours == 1.0 and bool(expected)
+        row["math_verify_true_positives"] += theirs == 1.0 and bool(expected)
         row["agree"] += ours == theirs
         row["ours_right"] += ours == expected
         row["math_verify_right"] += theirs == expected
@@ -442,6 +446,10 @@ def compare_with_math_verify(args: argparse.Namespace, workers: int) -> None:
           "agreement": round(totals["agree"] / totals["pairs"], 4),
           "ours_accuracy": round(totals["ours_right"] / totals["pairs"], 4),
           "math_verify_accuracy": round(totals["math_verify_right"] / totals["pairs"], 4),
+          **{f"{name}_{measure}": round(totals[f"{name}_true_positives"] / max(denominator, 1), 4)
+             for name in ("ours", "math_verify") for measure, denominator in (
+                 ("precision", totals[f"{name}_true_positives"] + totals[f"{name}_false_positives"]),
+                 ("recall", totals["positives"]))},
           "ours_pairs_per_s": round(len(pairs) / scores["ours seconds"], 1),
           "math_verify_pairs_per_s": round(len(pairs) / scores["math-verify seconds"], 1),
           "sets": sorted({problem["set"] for problem in problems}), "workers": workers})
