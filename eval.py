@@ -214,12 +214,14 @@ def sampler_fn(model, tokenizer, sampling, exploration, table=None, progress: bo
     """evaluate()'s generate_fn: (prompt ids, seed, row keys) -> (decoded responses, tokens
     generated, each response's token counts: diagnostics.token_counts)."""
 
+    think_end = think_end_id(tokenizer)
+
     def generate_fn(prompts, seed, row_keys):
         rollout = generate(model, prompts, sampling, exploration, neighbor_table=table, seed=seed,
                            row_keys=row_keys, progress=progress)
         responses = rollout.responses()
         return (tokenizer.batch_decode(responses, skip_special_tokens=True), sum(map(len, responses)),
-                token_counts(rollout.response_ids, rollout.lengths, think_end_id(tokenizer)))
+                token_counts(rollout.response_ids, rollout.lengths, think_end))
 
     return generate_fn
 

@@ -88,3 +88,23 @@ def run_at_once(scripts: dict, timeout: float) -> dict:
     for key, (_, stderr) in outputs.items():
         assert processes[key].returncode == 0, f"{key}:\n{stderr[-3000:]}"
     return {key: json.loads(stdout.strip().splitlines()[-1]) for key, (stdout, _) in outputs.items()}
+
+
+def script_think_ends(monkeypatch, think_at: list, think_end: int, eos: int, vocab: int = 64) -> list[float]:
+    """Replaces the logits every decode step samples from (rollout.Sampler's input) by a script: graded over the
+    vocabulary (never </think> or EOS), or sure of </think> where a row's response position is its entry of think_at
+    (None: never; rows by their row key). Returns the graded logits, a test's brute-force reference."""
+    import rollout
+
+    graded = [-0.15 * v for v in range(vocab)]
+    graded[think_end] = graded[eos] = -1e4
+    think = [0.0] * vocab
+    think[think_end], think[eos] = 30.0, -1e4
+    real_call = rollout.Sampler.__call__
+
+    def scripted(self, logits, state, live, backend=None):
+        at = torch.tensor([-1 if t is None else t for t in think_at])[state.key.clamp(0, len(think_at) - 1)]
+        return real_call(self, torch.tensor([graded, think])[(state.length == at).long()], state, live, backend)
+
+    monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
+    return graded

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import script_think_ends
 
 import rollout
 import train
@@ -607,17 +608,7 @@ def test_after_thinking_rows_sample_with_the_after_thinking_filters(cold_model, 
     before that step the row samples from p unfiltered, after it from p cut to its top 4 and then to the 0.6 nucleus.
     Each recorded log-prob is the log of that brute-force p at its token."""
     T = 12
-    graded = [-0.15 * v for v in range(64)]
-    graded[THINK_END] = graded[EOS] = -1e4
-    think = [0.0] * 64
-    think[THINK_END], think[EOS] = 30.0, -1e4
-    real_call = rollout.Sampler.__call__
-
-    def scripted(self, logits, state, live, backend=None):
-        at = torch.tensor([-1 if t is None else t for t in THINK_AT])[state.key.clamp(0, len(THINK_AT) - 1)]
-        return real_call(self, torch.tensor([graded, think])[(state.length == at).long()], state, live, backend)
-
-    monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
+    graded = script_think_ends(monkeypatch, THINK_AT, THINK_END, EOS)
     sampling = Sampling(temperature=1.0, max_new_tokens=T, stop_ids=(EOS,), after_thinking_top_k=4,
                         after_thinking_top_p=0.6)
     result = generate(cold_model, [[1, 2, 3]] * len(THINK_AT), sampling,

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import script_think_ends
 
 import eval as E
-import rollout
 import train
 from config import PRESETS, Config, preset
 from data import END_THINK, THINK, arith_problems, encode_prompt, load_problems, tiny_tokenizer
@@ -92,17 +92,7 @@ def test_no_method_mixes_an_answer_step(small_model, monkeypatch, strategy):
     position): it mixes thinking steps, never a step at or after </think>, and the step metrics count 0 answer steps
     mixed."""
     T = 12
-    graded = [-0.15 * v for v in range(64)]
-    graded[THINK_END] = graded[EOS] = -1e4
-    think = [0.0] * 64
-    think[THINK_END], think[EOS] = 30.0, -1e4
-    real_call = rollout.Sampler.__call__
-
-    def scripted(self, logits, state, live, backend=None):
-        at = torch.tensor([-1 if t is None else t for t in THINK_AT])[state.key.clamp(0, len(THINK_AT) - 1)]
-        return real_call(self, torch.tensor([graded, think])[(state.length == at).long()], state, live, backend)
-
-    monkeypatch.setattr(rollout.Sampler, "__call__", scripted)
+    script_think_ends(monkeypatch, THINK_AT, THINK_END, EOS)
     x = Exploration.of(strategy, THINK_END, mix_rate=1.0, router_confidence=0.0)  # each keeps the knobs it reads
     table = torch.arange(64)[:, None].roll(-1, 0).repeat(1, 4)  # each token's neighbors: the next ids
     result = generate(small_model, [[1, 2, 3]] * len(THINK_AT), Sampling(temperature=1.0, max_new_tokens=T,
