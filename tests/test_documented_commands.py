@@ -44,6 +44,8 @@ NOT_AS_WRITTEN = {  # the command as written -> (what it needs, what runs instea
     "pip install -r requirements.txt && python train.py --preset demo":
         ("the package index; the demo takes 63-84 s", ("pip install --dry-run --no-index -r requirements.txt",
                                                        f"python train.py --preset demo {SMALL_DEMO}")),
+    "python train.py --preset demo-think": ("its 4 minutes", f"python train.py --preset demo-think {SMALL_DEMO} "
+                                                              "--data arith:difficulty=2,max_count=5,think=1,n=100"),
     "pytest tests/": ("8 minutes: it is this suite", "pytest -q -p no:cacheprovider -n 0 tests/test_house.py"),
     "python train.py": ("a GPU and the hub", PARSE),
     "python train.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": ("a GPU and the hub", PARSE),
